@@ -1,0 +1,71 @@
+"""The ``fhirgym`` command line: each subcommand is a thin call into the library."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+
+@click.group()
+@click.version_option(package_name="fhirgym")
+def main() -> None:
+    """Evaluate and train LLM agents on HL7 FHIR R4 work in an embedded, resettable FHIR server."""
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, envvar="FHIRGYM_HOST")
+@click.option("--port", default=8080, show_default=True, type=int, envvar="FHIRGYM_PORT")
+@click.option("--db", type=click.Path(dir_okay=False, path_type=Path), envvar="FHIRGYM_DB",
+              help="SQLite file that keeps the data (default: in memory, gone at exit).")
+@click.option("--base", "base", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Read-only world/base file to serve on top of (writes go to --db or memory).")
+@click.option("--demo", is_flag=True, help="Serve a small seeded Synthea demo world (built and cached on first use).")
+@click.option("--lenient", is_flag=True, help="Ignore unknown search parameters by default (strict otherwise).")
+@click.option("--no-referential-integrity", is_flag=True, help="Accept references to resources that do not exist.")
+@click.option("--admin", is_flag=True, help="Expose POST /admin/snapshot and /admin/reset (off by default).")
+def serve(host: str, port: int, db: Path | None, base: Path | None, demo: bool, lenient: bool,
+          no_referential_integrity: bool, admin: bool) -> None:
+    """Run the embedded FHIR R4 server (base URL http://HOST:PORT/fhir)."""
+    import uvicorn
+
+    from .fhir import FhirServer, ServerConfig, Store, create_app
+
+    if demo:
+        from .world import demo_world
+
+        click.echo("preparing the demo world (first run: ~15 s) ...", err=True)
+        base = demo_world()
+    store = Store(base=base, path=db)
+    config = ServerConfig(base_url=f"http://{host}:{port}/fhir", lenient_search=lenient,
+                          referential_integrity=not no_referential_integrity)
+    server = FhirServer(store, config=config)
+    counts = store.counts()
+    click.echo(f"fhirgym FHIR R4 server on {config.base_url} ({sum(counts.values())} resources)", err=True)
+    uvicorn.run(create_app(server, admin=admin), host=host, port=port, log_level="warning")
+
+
+@main.group()
+def fhir() -> None:
+    """Talk to a FHIR server in-process or over HTTP."""
+
+
+@fhir.command("get")
+@click.argument("path")
+@click.option("--url", help="Base URL of an external server (default: an in-process server).")
+@click.option("--base", "base", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="World/base file for the in-process server.")
+def fhir_get(path: str, url: str | None, base: Path | None) -> None:
+    """GET PATH (e.g. 'Patient?name=smith&_count=2') and print the JSON response."""
+    from .fhir import FhirServer, HttpClient, InProcessClient, Store
+
+    client = HttpClient(url) if url else InProcessClient(FhirServer(Store(base=base)))
+    resp = client.request("GET", path)
+    click.echo(json.dumps(resp.body, indent=2))
+    sys.exit(0 if resp.status < 400 else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""The embedded FHIR R4 server: storage, search, validation, snapshots, REST app and clients.
+
+Typical use::
+
+    from fhirgym.fhir import FhirServer, InProcessClient, Store
+    server = FhirServer(Store())                     # empty in-memory store
+    client = InProcessClient(server)
+    client.create({"resourceType": "Patient", "name": [{"family": "Diaz"}]})
+
+A world is a read-only SQLite *base*; ``Snapshot(base).open()`` gives an isolated writable store in
+about a millisecond, and ``store.reset(snapshot)`` returns it to that state.
+"""
+
+from ._asgi import create_app
+from ._client import FhirClient, HttpClient, InProcessClient, TransportError
+from ._errors import FhirError, Issue, operation_outcome
+from ._server import FhirServer, Request, Response, ServerConfig
+from ._store import Record, Snapshot, Store
+
+__all__ = [
+    "FhirClient",
+    "FhirError",
+    "FhirServer",
+    "HttpClient",
+    "InProcessClient",
+    "Issue",
+    "Record",
+    "Request",
+    "Response",
+    "ServerConfig",
+    "Snapshot",
+    "Store",
+    "TransportError",
+    "create_app",
+    "operation_outcome",
+]

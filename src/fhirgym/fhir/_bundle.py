@@ -1,0 +1,267 @@
+"""Batch and transaction Bundles.
+
+A transaction is atomic (one SQLite transaction; any failing entry rolls everything back and the
+error names the entry), processes entries in the order the specification prescribes (DELETE, POST,
+PUT, GET), assigns ids to new resources up front so ``urn:uuid:`` and other fullUrl references
+between entries are rewritten, and resolves conditional references (``Patient?identifier=...``).
+A batch runs each entry on its own and reports per-entry outcomes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qsl, urlsplit
+
+from ._errors import FhirError, Issue, bad_request, operation_outcome
+from ._refs import rewrite_references
+
+if TYPE_CHECKING:
+    from ._server import FhirServer, Response
+
+_ORDER = {"DELETE": 0, "POST": 1, "PUT": 2, "PATCH": 2, "GET": 3, "HEAD": 3}
+_STATUS_TEXT = {200: "200 OK", 201: "201 Created", 204: "204 No Content", 404: "404 Not Found", 410: "410 Gone"}
+MAX_ENTRIES = 50_000
+
+
+def _status(code: int) -> str:
+    return _STATUS_TEXT.get(code, str(code))
+
+
+def _entry_error(n: int, err: FhirError) -> FhirError:
+    issues = [
+        Issue(i.severity, i.code, f"Bundle.entry[{n}]: {i.diagnostics}",
+              tuple(f"Bundle.entry[{n}].resource.{e.split('.', 1)[1]}" if "." in e else f"Bundle.entry[{n}]"
+                    for e in i.expression))
+        for i in err.issues
+    ]
+    return FhirError(err.status, issues[0].diagnostics, issues[0].code, issues[0].expression, issues=issues)
+
+
+def _parse_entries(bundle: dict) -> list[tuple[int, dict, str, str, dict | None]]:
+    if bundle.get("resourceType") != "Bundle":
+        raise bad_request("POST to the base URL expects a Bundle of type batch or transaction", "invalid",
+                          ("resourceType",))
+    kind = bundle.get("type")
+    if kind not in ("batch", "transaction"):
+        raise bad_request(f"Bundle.type must be batch or transaction, got {kind!r}", "invalid", ("Bundle.type",))
+    entries = bundle.get("entry", [])
+    if not isinstance(entries, list):
+        raise bad_request("Bundle.entry must be a list", "structure", ("Bundle.entry",))
+    if len(entries) > MAX_ENTRIES:
+        raise FhirError(413, f"Bundle has {len(entries)} entries; the limit is {MAX_ENTRIES}", "too-costly")
+    out = []
+    for n, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise bad_request(f"Bundle.entry[{n}] must be an object", "structure", (f"Bundle.entry[{n}]",))
+        request = entry.get("request")
+        if not isinstance(request, dict) or not isinstance(request.get("method"), str) or not isinstance(
+            request.get("url"), str
+        ):
+            raise bad_request(f"Bundle.entry[{n}].request needs method and url", "required",
+                              (f"Bundle.entry[{n}].request",))
+        method = request["method"].upper()
+        if method not in _ORDER or method == "PATCH":
+            raise bad_request(f"Bundle.entry[{n}].request.method {method!r} is not supported", "not-supported",
+                              (f"Bundle.entry[{n}].request.method",))
+        resource = entry.get("resource")
+        if method in ("POST", "PUT") and not isinstance(resource, dict):
+            raise bad_request(f"Bundle.entry[{n}] ({method}) needs a resource", "required",
+                              (f"Bundle.entry[{n}].resource",))
+        out.append((n, entry, method, request["url"].lstrip("/"), resource))
+    return out
+
+
+def process_bundle(server: FhirServer, bundle: dict) -> Response:
+    from ._server import Response
+
+    entries = _parse_entries(bundle)
+    if bundle["type"] == "batch":
+        return Response(200, _batch(server, entries))
+    with server.store.transaction():
+        result = _transaction(server, entries)
+    return Response(200, result)
+
+
+def _split_url(url: str) -> tuple[str, list[str], list[tuple[str, str]]]:
+    parts = urlsplit(url)
+    path = parts.path.strip("/")
+    segs = path.split("/") if path else []
+    return path, segs, parse_qsl(parts.query, keep_blank_values=True)
+
+
+def _transaction(server: FhirServer, entries: list) -> dict:
+    # 1. decide the identity of every written resource, so references can be rewritten up front
+    mapping: dict[str, str] = {}
+    plans: dict[int, tuple] = {}
+    pending: set[tuple[str, str]] = set()
+    for n, entry, method, url, resource in entries:
+        try:
+            _path, segs, query = _split_url(url)
+            full_url = entry.get("fullUrl")
+            if method == "POST":
+                rtype = segs[0] if len(segs) == 1 else None
+                if rtype is None or not server.spec.is_resource_type(rtype):
+                    raise bad_request(f"POST url must be a resource type, got {url!r}")
+                if resource.get("resourceType") != rtype:
+                    raise bad_request(f"resourceType {resource.get('resourceType')!r} does not match url {url!r}")
+                existing = None
+                cond = entry["request"].get("ifNoneExist")
+                if cond:
+                    matches = server._conditional_match(rtype, cond)
+                    if len(matches) > 1:
+                        raise FhirError(412, f"ifNoneExist matched {len(matches)} resources", "duplicate")
+                    existing = matches[0] if matches else None
+                rid = existing or server.new_id()
+                plans[n] = ("POST", rtype, rid, existing is not None)
+                if isinstance(full_url, str) and full_url:
+                    mapping[full_url] = f"{rtype}/{rid}"
+                pending.add((rtype, rid))
+            elif method == "PUT":
+                if len(segs) == 2 and not query:
+                    rtype, rid = segs
+                elif len(segs) == 1 and query:
+                    rtype = segs[0]
+                    matches = server.search_engine.ids(server.store, server.search_engine.parse(rtype, query))
+                    if len(matches) > 1:
+                        raise FhirError(412, f"Conditional update matched {len(matches)} resources", "multiple-matches")
+                    rid = matches[0] if matches else (resource.get("id") or server.new_id())
+                else:
+                    raise bad_request(f"PUT url must be Type/id or Type?search, got {url!r}")
+                if not server.spec.is_resource_type(rtype):
+                    raise FhirError(404, f"Unknown resource type {rtype!r}", "not-found")
+                if resource.get("resourceType") != rtype:
+                    raise bad_request(f"resourceType {resource.get('resourceType')!r} does not match url {url!r}")
+                plans[n] = ("PUT", rtype, rid, False)
+                if isinstance(full_url, str) and full_url:
+                    mapping[full_url] = f"{rtype}/{rid}"
+                pending.add((rtype, rid))
+        except FhirError as err:
+            raise _entry_error(n, err) from None
+
+    def resolve(ref: str) -> str | None:
+        if ref in mapping:
+            return mapping[ref]
+        if ref.startswith("urn:uuid:") or ref.startswith("urn:oid:"):
+            raise bad_request(f"Reference {ref!r} does not match any fullUrl in this transaction", "not-found")
+        if "?" in ref and "/" not in ref.split("?", 1)[0]:
+            rtype, query = ref.split("?", 1)
+            if server.spec.is_resource_type(rtype):
+                matches = server.search_engine.ids(
+                    server.store, server.search_engine.parse(rtype, parse_qsl(query, keep_blank_values=True))
+                )
+                if len(matches) != 1:
+                    raise FhirError(412, f"Conditional reference {ref!r} matched {len(matches)} resources", "not-found")
+                mapping[ref] = f"{rtype}/{matches[0]}"
+                return mapping[ref]
+        return None
+
+    for n, _entry, _method, _url, resource in entries:
+        if resource is not None:
+            try:
+                rewrite_references(resource, resolve)
+            except FhirError as err:
+                raise _entry_error(n, err) from None
+
+    # 2. execute in the prescribed order
+    responses: dict[int, dict] = {}
+    for n, entry, method, url, resource in sorted(entries, key=lambda e: (_ORDER[e[2]], e[0])):
+        try:
+            responses[n] = _execute(server, n, entry, method, url, resource, plans.get(n), pending)
+        except FhirError as err:
+            raise _entry_error(n, err) from None
+    return {
+        "resourceType": "Bundle",
+        "type": "transaction-response",
+        "entry": [responses[n] for n, *_ in entries],
+    }
+
+
+def _execute(server: FhirServer, n: int, entry: dict, method: str, url: str, resource: dict | None,
+             plan: tuple | None, pending: set) -> dict:
+    from ._server import Request
+
+    if method == "POST":
+        _, rtype, rid, existed = plan
+        if existed:
+            return {"response": {"status": _status(200), "location": f"{rtype}/{rid}"}}
+        rec = server.create(rtype, resource, rid=rid, pending=pending)
+        return _written(server, rec, 201)
+    if method == "PUT":
+        _, rtype, rid, _ = plan
+        body = {**resource, "id": rid}
+        if_match = entry["request"].get("ifMatch")
+        from ._server import _parse_etag
+
+        rec, created = server.update(rtype, rid, body, _parse_etag(if_match) if if_match else None, pending=pending)
+        return _written(server, rec, 201 if created else 200)
+    if method == "DELETE":
+        path, segs, query = _split_url(url)
+        if len(segs) == 2 and not query:
+            rtype, rid = segs
+            if not server.spec.is_resource_type(rtype):
+                raise FhirError(404, f"Unknown resource type {rtype!r}", "not-found")
+            rec = server.delete(rtype, rid)
+        elif len(segs) == 1 and query:
+            matches = server.search_engine.ids(server.store, server.search_engine.parse(segs[0], query))
+            if len(matches) > 1:
+                raise FhirError(412, f"Conditional delete matched {len(matches)} resources", "multiple-matches")
+            rec = server.delete(segs[0], matches[0]) if matches else None
+        else:
+            raise bad_request(f"DELETE url must be Type/id or Type?search, got {url!r}")
+        return {"response": {"status": _status(200 if rec else 204)}}
+    # GET / HEAD
+    path, segs, query = _split_url(url)
+    resp = server._dispatch(Request("GET", path, query, {}))
+    out: dict = {"response": {"status": _status(resp.status)}}
+    if resp.body is not None and method == "GET":
+        out["resource"] = resp.body
+    if "ETag" in resp.headers:
+        out["response"]["etag"] = resp.headers["ETag"]
+    return out
+
+
+def _written(server: FhirServer, rec, status: int) -> dict:
+    return {
+        "fullUrl": f"{server.base}/{rec.rtype}/{rec.id}",
+        "resource": rec.body,
+        "response": {
+            "status": _status(status),
+            "location": f"{rec.rtype}/{rec.id}/_history/{rec.version}",
+            "etag": f'W/"{rec.version}"',
+            "lastModified": rec.last_updated,
+        },
+    }
+
+
+def _batch(server: FhirServer, entries: list) -> dict:
+    from ._server import Request
+
+    out = []
+    for n, entry, method, url, resource in entries:
+        path, _segs, query = _split_url(url)
+        headers = {}
+        req_info = entry["request"]
+        if req_info.get("ifNoneExist"):
+            headers["if-none-exist"] = req_info["ifNoneExist"]
+        if req_info.get("ifMatch"):
+            headers["if-match"] = req_info["ifMatch"]
+        try:
+            with server.store.transaction():
+                resp = server._dispatch(Request(method, path, query, headers, resource))
+        except FhirError as err:
+            out.append({"response": {"status": str(err.status), "outcome": _entry_error(n, err).outcome()}})
+            continue
+        response: dict = {"status": _status(resp.status)}
+        for header, key in (("Location", "location"), ("ETag", "etag"), ("Last-Modified", "lastModified")):
+            if header in resp.headers:
+                response[key] = resp.headers[header]
+        item: dict = {"response": response}
+        if resp.body is not None and resp.body.get("resourceType") != "OperationOutcome":
+            item["resource"] = resp.body
+        elif resp.body is not None:
+            response["outcome"] = resp.body
+        out.append(item)
+    return {"resourceType": "Bundle", "type": "batch-response", "entry": out}
+
+
+__all__ = ["operation_outcome", "process_bundle"]

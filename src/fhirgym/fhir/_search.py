@@ -1,0 +1,632 @@
+"""FHIR search: parse a query string into SQL over the index tables, following R4 semantics.
+
+Every parameter type (string, token, reference, date, number, quantity, uri, composite), the
+modifiers and prefixes of the specification, chains and reverse chains (``_has``) compile to nested
+``id IN (...)`` subqueries over the layered store (see :func:`._store.merged`). Composite parameters
+reuse the same predicate builders over the JSON rows of ``ix_composite`` via ``json_each``, so there is
+one definition of what "matches" means per type.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ..spec import SearchParam, Spec
+from ._errors import FhirError, bad_request
+from ._store import INDEX_TABLES, Store, merged
+from ._values import date_range, normalize_string, number_range
+
+#: Result parameters handled by the search driver, not by the index.
+CONTROL_PARAMS = frozenset(
+    {
+        "_count", "_sort", "_include", "_revinclude", "_summary", "_total", "_elements", "_format",
+        "_pretty", "_getpages", "_getpagesoffset", "_offset", "_contained", "_containedType",
+    }
+)
+
+TABLE_FOR_TYPE = {
+    "string": "ix_string",
+    "token": "ix_token",
+    "reference": "ix_reference",
+    "date": "ix_date",
+    "number": "ix_number",
+    "quantity": "ix_quantity",
+    "uri": "ix_uri",
+    "composite": "ix_composite",
+}
+
+#: Modifiers we implement, per parameter type (anything else is rejected with 400).
+MODIFIERS: dict[str, frozenset[str]] = {
+    "string": frozenset({"exact", "contains", "missing"}),
+    "token": frozenset({"not", "text", "missing", "in", "not-in"}),
+    "reference": frozenset({"identifier", "missing"}),  # plus :Type, checked separately
+    "date": frozenset({"missing"}),
+    "number": frozenset({"missing"}),
+    "quantity": frozenset({"missing"}),
+    "uri": frozenset({"below", "above", "missing"}),
+    "composite": frozenset({"missing"}),
+}
+
+PREFIXES = ("eq", "ne", "gt", "lt", "ge", "le", "sa", "eb", "ap")
+_MAX_CHAIN = 4
+_MAX_OR_VALUES = 100
+
+
+class SqlParams:
+    """Accumulates named SQL parameters so predicate text can appear in several UNION branches."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, object] = {}
+
+    def __call__(self, value: object) -> str:
+        name = f"p{len(self.values)}"
+        self.values[name] = value
+        return f":{name}"
+
+
+def split_or(value: str) -> list[str]:
+    """Split a parameter value on unescaped commas; ``\\,`` ``\\$`` ``\\|`` ``\\\\`` are escapes."""
+    parts: list[str] = []
+    cur: list[str] = []
+    i = 0
+    while i < len(value):
+        c = value[i]
+        if c == "\\" and i + 1 < len(value):
+            cur.append(c + value[i + 1])
+            i += 2
+            continue
+        if c == ",":
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(c)
+        i += 1
+    parts.append("".join(cur))
+    return parts
+
+
+def _split_unescaped(value: str, sep: str) -> list[str]:
+    out: list[str] = []
+    cur: list[str] = []
+    i = 0
+    while i < len(value):
+        c = value[i]
+        if c == "\\" and i + 1 < len(value):
+            cur.append(c + value[i + 1])
+            i += 2
+            continue
+        if c == sep:
+            out.append("".join(cur))
+            cur = []
+        else:
+            cur.append(c)
+        i += 1
+    out.append("".join(cur))
+    return out
+
+
+def unescape(value: str) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(value):
+        if value[i] == "\\" and i + 1 < len(value):
+            out.append(value[i + 1])
+            i += 2
+        else:
+            out.append(value[i])
+            i += 1
+    return "".join(out)
+
+
+def _like_escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def _prefix(value: str) -> tuple[str, str]:
+    if len(value) >= 2 and value[:2] in PREFIXES and (len(value) == 2 or not value[2].isalpha()):
+        return value[:2], value[2:]
+    return "eq", value
+
+
+@dataclass
+class Criterion:
+    """One parsed ``name[:modifier]=v1,v2`` (or chain / _has) term of a query."""
+
+    sql: str  # a boolean SQL expression over the outer alias's ``id``
+
+
+@dataclass
+class SearchRequest:
+    """What a search asks for, after parsing and validating the query."""
+
+    rtype: str
+    where: list[str]
+    count: int | None
+    sort: list[tuple[str, bool]]  # (param code, descending)
+    include: list[tuple[str, str, str | None, bool]]  # (source type, param, target type, iterate)
+    revinclude: list[tuple[str, str, str | None, bool]]
+    summary: str | None
+    elements: list[str] | None
+    total: str
+    ignored: list[str] = field(default_factory=list)
+    params: SqlParams = field(default_factory=SqlParams)
+
+
+class SearchEngine:
+    """Compiles queries against the official search parameters and runs them on a store."""
+
+    def __init__(self, spec: Spec, unsupported: dict[tuple[str, str], str], base_url: str = "") -> None:
+        self.spec = spec
+        self.unsupported = unsupported
+        self.base_url = base_url.rstrip("/")
+        self.now = time.time  # for the ``ap`` prefix on dates; a frozen clock replaces it
+
+    # -- parameter lookup --------------------------------------------------------------------------
+    def param(self, rtype: str, code: str) -> SearchParam:
+        p = self.spec.search_params(rtype).get(code)
+        if p is None:
+            raise bad_request(f"Unknown search parameter '{code}' for resource type {rtype}", "not-supported")
+        reason = self.unsupported.get((rtype, code))
+        if reason is not None:
+            raise bad_request(f"Search parameter '{code}' of {rtype} is not supported: {reason}", "not-supported")
+        return p
+
+    def supported_params(self, rtype: str) -> list[SearchParam]:
+        return [
+            p for code, p in sorted(self.spec.search_params(rtype).items())
+            if (rtype, code) not in self.unsupported and p.expression
+        ]
+
+    # -- parsing -----------------------------------------------------------------------------------
+    def parse(self, rtype: str, query: list[tuple[str, str]], lenient: bool = False) -> SearchRequest:
+        params = SqlParams()
+        req = SearchRequest(rtype, [], None, [], [], [], None, None, "accurate", params=params)
+        for key, value in query:
+            try:
+                self._parse_one(req, key, value)
+            except FhirError as err:
+                if lenient and err.code == "not-supported":
+                    req.ignored.append(f"{key}: {err.diagnostics}")
+                    continue
+                raise
+        return req
+
+    def _parse_one(self, req: SearchRequest, key: str, value: str) -> None:
+        rtype = req.rtype
+        if key in CONTROL_PARAMS:
+            self._parse_control(req, key, value)
+            return
+        if key.startswith("_has:"):
+            req.where.append(self._has(rtype, key, value, req.params, 0))
+            return
+        req.where.append(self._criterion(rtype, key, value, req.params, 0))
+
+    def _parse_control(self, req: SearchRequest, key: str, value: str) -> None:
+        if key == "_count":
+            try:
+                n = int(value)
+            except ValueError:
+                raise bad_request(f"_count must be a non-negative integer, got {value!r}") from None
+            if n < 0:
+                raise bad_request(f"_count must be a non-negative integer, got {value!r}")
+            req.count = n
+        elif key == "_sort":
+            for item in value.split(","):
+                item = item.strip()
+                if not item:
+                    continue
+                desc = item.startswith("-")
+                code = item[1:] if desc else item
+                p = self.param(req.rtype, code)
+                if p.type == "composite":
+                    raise bad_request(f"Cannot sort on composite parameter '{code}'", "not-supported")
+                req.sort.append((code, desc))
+        elif key in ("_include", "_revinclude"):
+            req_list = req.include if key == "_include" else req.revinclude
+            req_list.append(self._parse_include(key, value))
+        elif key == "_summary":
+            if value not in ("true", "false", "text", "data", "count"):
+                raise bad_request(f"_summary must be one of true, false, text, data, count; got {value!r}")
+            req.summary = value
+        elif key == "_elements":
+            req.elements = [e.strip() for e in value.split(",") if e.strip()]
+        elif key == "_total":
+            if value not in ("none", "estimate", "accurate"):
+                raise bad_request(f"_total must be none, estimate or accurate; got {value!r}")
+            req.total = value
+        elif key == "_format":
+            if value not in ("json", "application/json", "application/fhir+json"):
+                raise FhirError(406, f"Only JSON is supported (_format={value!r})", "not-supported")
+        elif key in ("_contained", "_containedType", "_offset"):
+            raise bad_request(f"Search control parameter '{key}' is not supported", "not-supported")
+        # _pretty: accepted and ignored; _getpages handled by the server
+
+    def _parse_include(self, key: str, value: str) -> tuple[str, str, str | None, bool]:
+        parts = value.split(":")
+        if parts[-1] in ("iterate", "recurse"):
+            raise bad_request(f"{key} modifier goes on the parameter name, e.g. {key}:iterate={value}")
+        if value == "*":
+            return ("*", "*", None, False)
+        if len(parts) not in (2, 3):
+            raise bad_request(f"{key}={value!r}: expected SourceType:searchParam[:TargetType]")
+        src, code = parts[0], parts[1]
+        target = parts[2] if len(parts) == 3 else None
+        if not self.spec.is_resource_type(src):
+            raise bad_request(f"{key}={value!r}: unknown resource type {src}", "not-supported")
+        p = self.param(src, code)
+        if p.type != "reference":
+            raise bad_request(f"{key}={value!r}: '{code}' is not a reference parameter", "not-supported")
+        if target is not None and not self.spec.is_resource_type(target):
+            raise bad_request(f"{key}={value!r}: unknown target type {target}", "not-supported")
+        return (src, code, target, False)
+
+    # -- criteria ----------------------------------------------------------------------------------
+    def _criterion(self, rtype: str, key: str, value: str, P: SqlParams, depth: int) -> str:
+        """SQL boolean over ``id`` (of rtype) for one ``name[:mod][.chain]=value`` term."""
+        if depth > _MAX_CHAIN:
+            raise bad_request(f"Chain too deep in '{key}'")
+        head, dot, rest = key.partition(".")
+        name, _, modifier = head.partition(":")
+        p = self.param(rtype, name)
+        if dot:
+            if p.type != "reference":
+                raise bad_request(f"Cannot chain on non-reference parameter '{name}'")
+            targets = self._chain_targets(p, modifier, rtype)
+            alts = []
+            for target in targets:
+                try:
+                    inner = self._criterion(target, rest, value, P, depth + 1)
+                except FhirError:
+                    if len(targets) > 1:
+                        continue  # the chained parameter does not exist on this target type
+                    raise
+                inner_ids = f"SELECT id FROM ({merged('resources', f'rtype = {P(target)}')}) WHERE {inner}"
+                ref_where = (
+                    f"rtype = {P(rtype)} AND param = {P(name)} AND target_type = {P(target)} "
+                    f"AND target_id IN ({inner_ids})"
+                )
+                alts.append(f"id IN (SELECT id FROM ({merged('ix_reference', ref_where)}))")
+            if not alts:
+                raise bad_request(f"Chained parameter '{rest}' exists on none of {', '.join(targets)}")
+            return "(" + " OR ".join(alts) + ")"
+        values = split_or(value)
+        if len(values) > _MAX_OR_VALUES:
+            raise bad_request(f"Too many values for '{key}' (at most {_MAX_OR_VALUES})")
+        if modifier == "missing":
+            if value not in ("true", "false"):
+                raise bad_request(f"{key} must be true or false, got {value!r}")
+            sub = self._rows(rtype, p, "1", P)
+            return f"id NOT IN ({sub})" if value == "true" else f"id IN ({sub})"
+        self._check_modifier(p, modifier, rtype)
+        if p.type == "token" and modifier in ("not", "not-in"):
+            positive = "in" if modifier == "not-in" else ""
+            conds = [self._value_pred(rtype, p, positive, v, P) for v in values]
+            return f"id NOT IN ({self._rows(rtype, p, ' OR '.join(conds), P)})"
+        conds = [self._value_pred(rtype, p, modifier, v, P) for v in values]
+        if p.type == "composite":
+            return "(" + " OR ".join(conds) + ")"
+        return f"id IN ({self._rows(rtype, p, ' OR '.join(f'({c})' for c in conds), P)})"
+
+    def _rows(self, rtype: str, p: SearchParam, cond: str, P: SqlParams) -> str:
+        table = TABLE_FOR_TYPE[p.type]
+        where = f"rtype = {P(rtype)} AND param = {P(p.code)} AND ({cond})"
+        return f"SELECT id FROM ({merged(table, where, 'id')})"
+
+    def _chain_targets(self, p: SearchParam, modifier: str, rtype: str) -> list[str]:
+        if modifier:
+            if not self.spec.is_resource_type(modifier):
+                raise bad_request(f"Unknown resource type modifier ':{modifier}' on '{p.code}'")
+            return [modifier]
+        targets = [t for t in p.targets if self.spec.is_resource_type(t)]
+        if not targets:
+            raise bad_request(f"Parameter '{p.code}' of {rtype} has no target types to chain into")
+        return targets
+
+    def _check_modifier(self, p: SearchParam, modifier: str, rtype: str) -> None:
+        if not modifier:
+            return
+        if p.type == "reference" and self.spec.is_resource_type(modifier):
+            targets = [t for t in p.targets]
+            if targets and modifier not in targets:
+                raise bad_request(f"'{p.code}' of {rtype} cannot reference {modifier} (targets: {', '.join(targets)})")
+            return
+        if modifier not in MODIFIERS.get(p.type, frozenset()):
+            raise bad_request(
+                f"Modifier ':{modifier}' is not supported for {p.type} parameter '{p.code}'", "not-supported"
+            )
+
+    def _has(self, rtype: str, key: str, value: str, P: SqlParams, depth: int) -> str:
+        """``_has:Type:refParam:param=value``: resources referenced by matching resources of Type."""
+        if depth > _MAX_CHAIN:
+            raise bad_request("_has nested too deep")
+        parts = key.split(":", 3)
+        if len(parts) != 4 or not all(parts[1:]):
+            raise bad_request(f"Malformed _has parameter '{key}': expected _has:Type:reference:parameter")
+        _, src, ref_code, rest = parts
+        if not self.spec.is_resource_type(src):
+            raise bad_request(f"Unknown resource type '{src}' in '{key}'")
+        ref = self.param(src, ref_code)
+        if ref.type != "reference":
+            raise bad_request(f"'{ref_code}' of {src} is not a reference parameter (in '{key}')")
+        if rest.startswith("_has:"):
+            inner = self._has(src, rest, value, P, depth + 1)
+        else:
+            inner = self._criterion(src, rest, value, P, depth + 1)
+        src_ids = f"SELECT id FROM ({merged('resources', f'rtype = {P(src)}')}) WHERE {inner}"
+        where = (
+            f"rtype = {P(src)} AND param = {P(ref_code)} AND target_type = {P(rtype)} AND id IN ({src_ids})"
+        )
+        return f"id IN (SELECT target_id FROM ({merged('ix_reference', where, 'target_id, id, rtype')}))"
+
+    # -- value predicates per type -----------------------------------------------------------------
+    def _value_pred(self, rtype: str, p: SearchParam, modifier: str, raw: str, P: SqlParams,
+                    cols: dict[str, str] | None = None) -> str:
+        c = cols or {}
+
+        def col(name: str) -> str:
+            return c.get(name, name)
+
+        t = p.type
+        if raw == "":
+            raise bad_request(f"Empty value for search parameter '{p.code}'")
+        if t == "string":
+            v = normalize_string(unescape(raw))
+            if modifier == "exact":
+                return f"{col('exact')} = {P(unescape(raw))}"
+            if modifier == "contains":
+                return f"{col('norm')} LIKE {P('%' + _like_escape(v) + '%')} ESCAPE '\\'"
+            return f"({col('norm')} >= {P(v)} AND {col('norm')} < {P(v + chr(0x10FFFF))})"
+        if t == "token":
+            return self._token_pred(p, modifier, raw, P, col)
+        if t == "reference":
+            return self._reference_pred(rtype, p, modifier, raw, P, col)
+        if t == "date":
+            return self._date_pred(p, raw, P, col)
+        if t == "number":
+            prefix, num = _prefix(raw)
+            try:
+                lo, hi, val = number_range(num)
+            except ValueError:
+                raise bad_request(f"'{p.code}': {raw!r} is not a number", "value") from None
+            return self._numeric_pred(prefix, lo, hi, val, col("value"), P)
+        if t == "quantity":
+            return self._quantity_pred(p, raw, P, col)
+        if t == "uri":
+            v = unescape(raw)
+            if modifier == "below":
+                return f"({col('uri')} = {P(v)} OR {col('uri')} LIKE {P(_like_escape(v.rstrip('/')) + '/%')} ESCAPE '\\')"
+            if modifier == "above":
+                prefixes = _uri_prefixes(v)
+                return f"{col('uri')} IN ({', '.join(P(x) for x in prefixes)})"
+            return f"{col('uri')} = {P(v)}"
+        if t == "composite":
+            return self._composite_pred(rtype, p, raw, P)
+        raise bad_request(f"Search parameter '{p.code}' of type {t} is not supported", "not-supported")
+
+    def _token_pred(self, p: SearchParam, modifier: str, raw: str, P: SqlParams, col) -> str:
+        if modifier == "text":
+            v = normalize_string(unescape(raw))
+            return (
+                f"({col('text')} LIKE {P(_like_escape(v) + '%')} ESCAPE '\\' OR "
+                f"{col('text')} LIKE {P('% ' + _like_escape(v) + '%')} ESCAPE '\\')"
+            )
+        if modifier == "in":
+            codes = self.spec.valueset_codes(unescape(raw))
+            if codes is None:
+                raise bad_request(f"ValueSet {raw!r} is unknown or cannot be expanded here", "not-supported")
+            if not codes:
+                return "0"
+            ors = [f"({col('system')} = {P(s)} AND {col('code')} = {P(k)})" for s, k in sorted(codes)]
+            return "(" + " OR ".join(ors) + ")"
+        parts = _split_unescaped(raw, "|")
+        if len(parts) == 1:
+            return f"{col('code')} = {P(unescape(parts[0]))}"
+        if len(parts) != 2:
+            raise bad_request(f"'{p.code}': malformed token {raw!r} (expected [system]|[code])", "value")
+        system, code = unescape(parts[0]), unescape(parts[1])
+        if system and code:
+            return f"({col('system')} = {P(system)} AND {col('code')} = {P(code)})"
+        if code:
+            return f"({col('system')} IS NULL AND {col('code')} = {P(code)})"
+        if system:
+            return f"{col('system')} = {P(system)}"
+        raise bad_request(f"'{p.code}': empty token {raw!r}", "value")
+
+    def _reference_pred(self, rtype: str, p: SearchParam, modifier: str, raw: str, P: SqlParams, col) -> str:
+        v = unescape(raw)
+        if modifier == "identifier":
+            parts = _split_unescaped(raw, "|")
+            if len(parts) == 1:
+                return f"{col('ident_value')} = {P(unescape(parts[0]))}"
+            system, code = unescape(parts[0]), unescape(parts[1])
+            conds = []
+            if system:
+                conds.append(f"{col('ident_system')} = {P(system)}")
+            if code:
+                conds.append(f"{col('ident_value')} = {P(code)}")
+            if not conds:
+                raise bad_request(f"'{p.code}:identifier': empty identifier {raw!r}", "value")
+            return "(" + " AND ".join(conds) + ")"
+        if modifier:  # a resource type modifier: the value is an id
+            return f"({col('target_type')} = {P(modifier)} AND {col('target_id')} = {P(v)})"
+        if self.base_url and v.startswith(self.base_url + "/"):
+            v = v[len(self.base_url) + 1 :]
+        if "://" in v or v.startswith("urn:"):
+            return f"{col('url')} = {P(v)}"
+        parts = v.split("/")
+        if len(parts) == 1:
+            return f"{col('target_id')} = {P(v)}"
+        if len(parts) in (2, 4) and self.spec.is_resource_type(parts[0]) and (len(parts) == 2 or parts[2] == "_history"):
+            return f"({col('target_type')} = {P(parts[0])} AND {col('target_id')} = {P(parts[1])})"
+        raise bad_request(f"'{p.code}': {raw!r} is not a valid reference (id, Type/id or URL)", "value")
+
+    def _date_pred(self, p: SearchParam, raw: str, P: SqlParams, col) -> str:
+        prefix, v = _prefix(raw)
+        try:
+            slo, shi = date_range(v)
+        except ValueError:
+            raise bad_request(f"'{p.code}': {raw!r} is not a valid date/dateTime search value", "value") from None
+        lo, hi = col("lo"), col("hi")
+        a, b = P(slo), P(shi)
+        if prefix == "eq":
+            return f"({lo} >= {a} AND {hi} <= {b})"
+        if prefix == "ne":
+            return f"({lo} < {a} OR {hi} > {b})"
+        if prefix == "gt":
+            return f"{hi} > {b}"
+        if prefix == "lt":
+            return f"{lo} < {a}"
+        if prefix == "ge":
+            return f"({hi} > {b} OR ({lo} >= {a} AND {hi} <= {b}))"
+        if prefix == "le":
+            return f"({lo} < {a} OR ({lo} >= {a} AND {hi} <= {b}))"
+        if prefix == "sa":
+            return f"{lo} >= {b}"
+        if prefix == "eb":
+            return f"{hi} <= {a}"
+        # ap: within 10 % of the distance from now (at least the value's own precision)
+        gap = max(abs(self.now() - (slo + shi) / 2) * 0.1, shi - slo)
+        return f"({lo} < {P(shi + gap)} AND {hi} > {P(slo - gap)})"
+
+    @staticmethod
+    def _numeric_pred(prefix: str, lo: float, hi: float, val: float, column: str, P: SqlParams) -> str:
+        if prefix == "eq":
+            return f"({column} >= {P(lo)} AND {column} < {P(hi)})"
+        if prefix == "ne":
+            return f"({column} < {P(lo)} OR {column} >= {P(hi)})"
+        if prefix in ("gt", "sa"):
+            return f"{column} > {P(val)}"
+        if prefix in ("lt", "eb"):
+            return f"{column} < {P(val)}"
+        if prefix == "ge":
+            return f"{column} >= {P(val)}"
+        if prefix == "le":
+            return f"{column} <= {P(val)}"
+        gap = abs(val) * 0.1 or (hi - lo)
+        return f"({column} >= {P(val - gap)} AND {column} <= {P(val + gap)})"
+
+    def _quantity_pred(self, p: SearchParam, raw: str, P: SqlParams, col) -> str:
+        parts = _split_unescaped(raw, "|")
+        if len(parts) not in (1, 3):
+            raise bad_request(f"'{p.code}': malformed quantity {raw!r} (expected [prefix]number[|system|code])", "value")
+        prefix, num = _prefix(parts[0])
+        try:
+            lo, hi, val = number_range(num)
+        except ValueError:
+            raise bad_request(f"'{p.code}': {raw!r} does not start with a number", "value") from None
+        conds = [self._numeric_pred(prefix, lo, hi, val, col("value"), P)]
+        if len(parts) == 3:
+            system, code = unescape(parts[1]), unescape(parts[2])
+            if system:
+                conds.append(f"{col('system')} = {P(system)}")
+                if code:
+                    conds.append(f"{col('code')} = {P(code)}")
+            elif code:
+                conds.append(f"({col('code')} = {P(code)} OR {col('unit')} = {P(code)})")
+        return "(" + " AND ".join(conds) + ")"
+
+    def _composite_pred(self, rtype: str, p: SearchParam, raw: str, P: SqlParams) -> str:
+        values = _split_unescaped(raw, "$")
+        if len(values) != len(p.components):
+            raise bad_request(
+                f"'{p.code}' needs {len(p.components)} components separated by '$', got {raw!r}", "value"
+            )
+        exists = []
+        for k, (comp, v) in enumerate(zip(p.components, values)):
+            sub = self.spec.search_params_by_url.get(comp.definition)
+            if sub is None or sub.type == "composite":
+                raise bad_request(f"Composite '{p.code}' has an unusable component", "not-supported")
+            names = INDEX_TABLES[TABLE_FOR_TYPE[sub.type]]
+            cols = {n: f"c{k}.value->>{i}" for i, n in enumerate(names)}
+            pred = self._value_pred(rtype, sub, "", v, P, cols)
+            exists.append(f"EXISTS (SELECT 1 FROM json_each(comp, '$[{k}]') c{k} WHERE {pred})")
+        where = f"rtype = {P(rtype)} AND param = {P(p.code)}"
+        return f"id IN (SELECT id FROM ({merged('ix_composite', where, 'id, comp')}) WHERE {' AND '.join(exists)})"
+
+    # -- execution ---------------------------------------------------------------------------------
+    def ids(self, store: Store, req: SearchRequest) -> list[str]:
+        """All matching ids of ``req.rtype`` in result order."""
+        P = req.params
+        t = P(req.rtype)
+        where = " AND ".join(f"({w})" for w in req.where) or "1"
+        order = []
+        for code, desc in req.sort:
+            order.append(self._sort_key(req.rtype, code, desc, P))
+        order.append("r.last_updated, r.id")
+        sql = (
+            f"SELECT r.id FROM ({merged('resources', f'rtype = {t}', 'rtype, id, last_updated')}) r "
+            f"WHERE {where} ORDER BY {', '.join(order)}"
+        )
+        return [row[0] for row in store.query(sql, P.values)]
+
+    def _sort_key(self, rtype: str, code: str, desc: bool, P: SqlParams) -> str:
+        direction = "DESC" if desc else "ASC"
+        if code == "_id":
+            return f"r.id {direction}"
+        if code == "_lastUpdated":
+            return f"r.last_updated {direction}"
+        p = self.param(rtype, code)
+        table = TABLE_FOR_TYPE[p.type]
+        column = {
+            "ix_string": "norm", "ix_token": "code", "ix_reference": "target_id", "ix_date": "hi" if desc else "lo",
+            "ix_number": "value", "ix_quantity": "value", "ix_uri": "uri",
+        }[table]
+        agg = "max" if desc else "min"
+        where = f"rtype = r.rtype AND id = r.id AND param = {P(code)}"
+        key = f"(SELECT {agg}({column}) FROM ({merged(table, where, column)}))"
+        # resources without a value sort last in both directions
+        return f"{key} IS NULL, {key} {direction}"
+
+    def fetch(self, store: Store, rtype: str, ids: list[str]) -> dict[str, bytes]:
+        """JSON of the given current resources of one type (missing ones are simply absent)."""
+        out: dict[str, bytes] = {}
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            P = SqlParams()
+            marks = ", ".join(P(i) for i in chunk)
+            sql = f"SELECT id, json FROM ({merged('resources', f'rtype = {P(rtype)} AND id IN ({marks})', 'id, json')})"
+            out.update(store.query(sql, P.values))
+        return out
+
+    def references_from(self, store: Store, rtype: str, ids: list[str], code: str, target: str | None
+                        ) -> list[tuple[str, str]]:
+        """(target type, target id) referenced through parameter ``code`` ('*' = any) by the given resources."""
+        out: list[tuple[str, str]] = []
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            P = SqlParams()
+            where = f"rtype = {P(rtype)} AND id IN ({', '.join(P(i) for i in chunk)}) AND target_id IS NOT NULL"
+            if code != "*":
+                where += f" AND param = {P(code)}"
+            if target:
+                where += f" AND target_type = {P(target)}"
+            sql = f"SELECT DISTINCT target_type, target_id FROM ({merged('ix_reference', where, 'target_type, target_id')})"
+            out.extend(store.query(sql, P.values))
+        return out
+
+    def referencing(self, store: Store, src: str, code: str, targets: list[tuple[str, str]]) -> list[str]:
+        """Ids of ``src`` resources whose parameter ``code`` references one of ``targets``."""
+        out: list[str] = []
+        for start in range(0, len(targets), 250):
+            chunk = targets[start : start + 250]
+            P = SqlParams()
+            pairs = " OR ".join(f"(target_type = {P(t)} AND target_id = {P(i)})" for t, i in chunk)
+            where = f"rtype = {P(src)} AND ({pairs})"
+            if code != "*":
+                where += f" AND param = {P(code)}"
+            sql = f"SELECT DISTINCT id FROM ({merged('ix_reference', where, 'id, target_type, target_id')})"
+            out.extend(r[0] for r in store.query(sql, P.values))
+        return out
+
+
+def _uri_prefixes(uri: str) -> list[str]:
+    """``a/b/c`` → [a/b/c, a/b, a] for ``:above`` (canonical URLs, hierarchical paths)."""
+    out = [uri]
+    cur = uri
+    while "/" in cur.rstrip("/"):
+        cur = cur.rstrip("/").rsplit("/", 1)[0]
+        if cur.endswith(":/") or cur.endswith(":"):
+            break
+        out.append(cur)
+    return out

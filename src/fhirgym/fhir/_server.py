@@ -1,0 +1,866 @@
+"""The FHIR R4 REST semantics, independent of HTTP: ``FhirServer.handle(Request) -> Response``.
+
+The ASGI app and the in-process client both call :meth:`FhirServer.handle`, so a request takes the
+same code path whether or not it crossed a socket. Every failure becomes an OperationOutcome with a
+precise 4xx status (one error path, see :mod:`._errors`); a 5xx means a bug in fhirgym.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+import random
+import re
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from urllib.parse import parse_qsl, quote, urlencode
+
+import orjson
+
+from ..spec import Spec, load_spec
+from ._errors import FhirError, Issue, bad_request, invalid_resource, not_found, operation_outcome
+from ._refs import iter_references
+from ._search import SearchEngine, SearchRequest
+from ._store import Record, Store, history_sql
+from ._values import split_reference
+
+log = logging.getLogger("fhirgym.fhir")
+
+ID_RE = re.compile(r"^[A-Za-z0-9\-.]{1,64}$")
+FHIR_JSON = "application/fhir+json"
+_SUBSETTED = {"system": "http://terminology.hl7.org/CodeSystem/v3-ObservationValue", "code": "SUBSETTED"}
+
+
+@dataclass
+class ServerConfig:
+    """Behaviour switches of the embedded server (defaults match a strict, careful R4 server)."""
+
+    base_url: str = "http://localhost:8080/fhir"
+    validate: bool = True
+    referential_integrity: bool = True
+    max_body_bytes: int = 16 * 1024 * 1024
+    default_count: int = 50
+    max_count: int = 1000
+    lenient_search: bool = False  # default handling of unknown search params (Prefer: handling=...)
+    id_seed: int | None = None  # deterministic server-assigned ids when set
+    clock: Callable[[], datetime] | None = None  # frozen clock for tasks; None = wall clock
+    page_cache_size: int = 512
+
+
+@dataclass
+class Request:
+    method: str
+    path: str  # relative to the base URL, no leading slash: "Patient/1/_history/2"
+    query: list[tuple[str, str]] = field(default_factory=list)
+    headers: dict[str, str] = field(default_factory=dict)  # lower-case names
+    body: bytes | dict | None = None
+
+
+@dataclass
+class Response:
+    status: int
+    body: dict | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+_COMPONENTS: dict[int, tuple] = {}
+
+
+def _components(spec: Spec) -> tuple:
+    """Validator and extractor for a spec, shared by every server: their compiled tables are costly."""
+    from ._extract import Extractor
+    from ._validate import Validator
+
+    key = id(spec)
+    if key not in _COMPONENTS:
+        _COMPONENTS[key] = (Validator(spec), Extractor(spec), spec)
+    validator, extractor, _ = _COMPONENTS[key]
+    return validator, extractor
+
+
+def _etag(version: int) -> str:
+    return f'W/"{version}"'
+
+
+def _parse_etag(value: str) -> int:
+    v = value.strip()
+    if v.startswith("W/"):
+        v = v[2:]
+    v = v.strip('"')
+    if not v.isdigit():
+        raise bad_request(f"Malformed If-Match/ETag value {value!r} (expected W/\"<version>\")")
+    return int(v)
+
+
+class FhirServer:
+    """An R4 server over one :class:`Store`. Thread-safe (the store serialises access)."""
+
+    def __init__(self, store: Store, spec: Spec | None = None, config: ServerConfig | None = None) -> None:
+        self.store = store
+        self.spec = spec or load_spec()
+        self.config = config or ServerConfig()
+        self.validator, self.extractor = _components(self.spec)
+        self.search_engine = SearchEngine(self.spec, self.extractor.unsupported, self.config.base_url)
+        if self.config.clock is not None:
+            clock = self.config.clock
+            self.search_engine.now = lambda: clock().timestamp()
+        self._rng = random.Random(self.config.id_seed) if self.config.id_seed is not None else None
+        self._last_ts = 0.0
+        self._pages: OrderedDict[str, dict] = OrderedDict()
+        self._lock = threading.RLock()
+        self._generation = 0
+        self._capability: dict | None = None
+        self.admin_snapshot = None  # used only by the optional admin HTTP routes
+
+    # -- plumbing ------------------------------------------------------------------------------------
+    @property
+    def base(self) -> str:
+        return self.config.base_url.rstrip("/")
+
+    def new_id(self) -> str:
+        if self._rng is None:
+            return str(uuid.uuid4())
+        return str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
+
+    def _timestamp(self) -> str:
+        now = (self.config.clock() if self.config.clock else datetime.now(UTC)).timestamp()
+        now = max(now, self._last_ts + 0.001)  # strictly increasing, so history order is total
+        self._last_ts = now
+        dt = datetime.fromtimestamp(now, UTC)
+        return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+
+    def handle(self, req: Request) -> Response:
+        """Serve one request; never raises."""
+        try:
+            with self._lock:
+                return self._dispatch(req)
+        except FhirError as err:
+            return Response(err.status, err.outcome(), dict(err.headers))
+        except RecursionError:
+            return Response(400, operation_outcome([Issue("error", "too-costly", "Request nested too deeply")]))
+        except Exception as exc:  # a bug: still answer with an OperationOutcome, and log it
+            log.exception("internal error serving %s %s", req.method, req.path)
+            return Response(500, operation_outcome([Issue("fatal", "exception", f"Internal error: {exc!r}")]))
+
+    # -- routing -------------------------------------------------------------------------------------
+    def _dispatch(self, req: Request) -> Response:
+        method = req.method.upper()
+        path = req.path.strip("/")
+        parts = path.split("/") if path else []
+        for key, value in req.query:
+            if key == "_format":
+                self.search_engine._parse_control(SearchRequest("", [], None, [], [], [], None, None, ""), key, value)
+        if not parts:
+            if method == "POST":
+                return self._bundle(self._json_body(req))
+            if method == "GET" and any(k == "_getpages" for k, _ in req.query):
+                return self._page(req)
+            if method == "GET":
+                raise bad_request("System-level search is not supported; search a resource type", "not-supported")
+            raise FhirError(405, f"{method} is not allowed on the base URL", "not-supported")
+        head = parts[0]
+        if head == "metadata" and len(parts) == 1:
+            if method != "GET":
+                raise FhirError(405, "metadata supports GET only", "not-supported")
+            from ._capability import capability_statement
+
+            if self._capability is None:
+                self._capability = capability_statement(self)
+            return Response(200, self._capability)
+        if head == "_history" and len(parts) == 1 and method == "GET":
+            return self._history(req, None, None)
+        if head.startswith("$"):
+            raise FhirError(404, f"Unknown system operation {head}", "not-supported")
+        rtype = head
+        if not self.spec.is_resource_type(rtype):
+            raise not_found(f"Unknown resource type '{rtype}'")
+        if len(parts) == 1:
+            if method == "GET":
+                return self._search(req, rtype, req.query)
+            if method == "POST":
+                return self._create(req, rtype)
+            if method == "PUT":
+                return self._conditional_update(req, rtype)
+            if method == "DELETE":
+                return self._conditional_delete(req, rtype)
+            raise FhirError(405, f"{method} not allowed on /{rtype}", "not-supported")
+        second = parts[1]
+        if len(parts) == 2 and second == "_search":
+            if method != "POST":
+                raise FhirError(405, "_search expects POST", "not-supported")
+            return self._search(req, rtype, req.query + self._form_body(req))
+        if len(parts) == 2 and second == "_history":
+            if method != "GET":
+                raise FhirError(405, "_history supports GET only", "not-supported")
+            return self._history(req, rtype, None)
+        if second == "$validate" and len(parts) == 2:
+            if method != "POST":
+                raise FhirError(405, "$validate expects POST", "not-supported")
+            return self._validate_op(req, rtype, None)
+        if second.startswith("$"):
+            raise FhirError(404, f"Unknown operation {second} on {rtype}", "not-supported")
+        rid = second
+        if not ID_RE.match(rid):
+            raise bad_request(f"Invalid resource id {rid!r} (ids are 1-64 of A-Z a-z 0-9 - .)")
+        if len(parts) == 2:
+            if method == "GET":
+                return self._read(rtype, rid)
+            if method == "PUT":
+                return self._update(req, rtype, rid)
+            if method == "DELETE":
+                return self._delete(req, rtype, rid)
+            raise FhirError(405, f"{method} not allowed on /{rtype}/{rid}", "not-supported")
+        third = parts[2]
+        if third == "_history" and len(parts) == 3 and method == "GET":
+            return self._history(req, rtype, rid)
+        if third == "_history" and len(parts) == 4 and method == "GET":
+            return self._vread(rtype, rid, parts[3])
+        if third == "$everything" and len(parts) == 3 and rtype == "Patient" and method in ("GET", "POST"):
+            return self._everything(req, rid)
+        if third == "$validate" and len(parts) == 3 and method == "POST":
+            return self._validate_op(req, rtype, rid)
+        raise not_found(f"Unknown path /{path}")
+
+    # -- bodies --------------------------------------------------------------------------------------
+    def _json_body(self, req: Request) -> dict:
+        body = req.body
+        if isinstance(body, dict):
+            return body
+        if not body:
+            raise bad_request("Request body is empty; a FHIR JSON resource is required", "required")
+        if len(body) > self.config.max_body_bytes:
+            raise FhirError(413, f"Body of {len(body)} bytes exceeds the limit of {self.config.max_body_bytes}", "too-costly")
+        ctype = req.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype and ctype not in ("application/fhir+json", "application/json", "application/json+fhir"):
+            raise FhirError(415, f"Unsupported content type {ctype!r}: only FHIR JSON is accepted", "not-supported")
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise bad_request(f"Malformed JSON: {exc}", "structure") from None
+        if not isinstance(data, dict):
+            raise bad_request("The body must be a JSON object (a FHIR resource)", "structure")
+        return data
+
+    def _form_body(self, req: Request) -> list[tuple[str, str]]:
+        body = req.body
+        if not body:
+            return []
+        if isinstance(body, dict):
+            raise bad_request("_search expects application/x-www-form-urlencoded parameters")
+        ctype = req.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype != "application/x-www-form-urlencoded":
+            raise FhirError(415, "POST _search expects application/x-www-form-urlencoded", "not-supported")
+        try:
+            return parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
+        except UnicodeDecodeError:
+            raise bad_request("Form body is not UTF-8") from None
+
+    def _resource_body(self, req: Request, rtype: str) -> dict:
+        data = self._json_body(req)
+        rt = data.get("resourceType")
+        if rt is None:
+            raise bad_request("Missing 'resourceType' in the body", "required", ("resourceType",))
+        if rt != rtype:
+            raise bad_request(f"resourceType {rt!r} in the body does not match the URL type {rtype}", "invalid",
+                              ("resourceType",))
+        return data
+
+    # -- write pipeline ------------------------------------------------------------------------------
+    def _check(self, resource: dict) -> None:
+        if self.config.validate:
+            issues = self.validator.validate(resource)
+            errors = [i for i in issues if i.severity in ("error", "fatal")]
+            if errors:
+                raise invalid_resource(errors)
+
+    def _local_ref(self, ref: str) -> tuple[str, str] | None:
+        if ref.startswith(self.base + "/"):
+            ref = ref[len(self.base) + 1 :]
+        elif "://" in ref:
+            return None
+        t, i, _ = split_reference(ref)
+        if t is None or i is None or not self.spec.is_resource_type(t):
+            return None
+        return t, i
+
+    def _local_refs(self, resource: dict) -> list[tuple[str, tuple[str, str]]]:
+        out = []
+        for path, node in iter_references(resource):
+            target = self._local_ref(node["reference"])
+            if target is not None:
+                out.append((path, target))
+        return out
+
+    def _check_integrity(self, resource: dict, pending: set[tuple[str, str]] | None = None) -> None:
+        if not self.config.referential_integrity:
+            return
+        missing = []
+        for path, target in self._local_refs(resource):
+            if pending and target in pending:
+                continue
+            if not self.store.exists(*target):
+                missing.append(Issue("error", "not-found", f"Referenced resource {target[0]}/{target[1]} does not exist",
+                                     (path,)))
+        if missing:
+            raise FhirError(422, missing[0].diagnostics, "not-found", missing[0].expression, issues=missing)
+
+    def _record(self, rtype: str, rid: str, version: int, method: str, body: dict | None) -> Record:
+        ts = self._timestamp()
+        if body is None:
+            return Record(rtype, rid, version, ts, method, None)
+        meta = dict(body.get("meta") or {})
+        meta["versionId"] = str(version)
+        meta["lastUpdated"] = ts
+        body["meta"] = meta
+        body["id"] = rid
+        index = self.extractor.extract(body)
+        refs = sorted({t for _, t in self._local_refs(body)})
+        return Record(rtype, rid, version, ts, method, body, index, refs)
+
+    def _store_write(self, record: Record) -> None:
+        self.store.write([record])
+        self._generation += 1
+
+    def _write_response(self, record: Record, status: int, req: Request | None) -> Response:
+        headers = {
+            "ETag": _etag(record.version),
+            "Last-Modified": record.last_updated,
+            "Location": f"{self.base}/{record.rtype}/{record.id}/_history/{record.version}",
+        }
+        prefer = (req.headers.get("prefer", "") if req else "").lower()
+        if "return=minimal" in prefer:
+            return Response(status, None, headers)
+        if "return=operationoutcome" in prefer:
+            return Response(status, operation_outcome([Issue("information", "informational", "OK")]), headers)
+        return Response(status, record.body, headers)
+
+    def create(self, rtype: str, body: dict, rid: str | None = None, pending: set | None = None) -> Record:
+        """Validate, assign id/meta, check references and store a new resource."""
+        body = copy.deepcopy(body)
+        body.pop("id", None)
+        self._check(body)
+        self._check_integrity(body, pending)
+        rid = rid or self.new_id()
+        rec = self._record(rtype, rid, 1, "POST", body)
+        self._store_write(rec)
+        return rec
+
+    def update(self, rtype: str, rid: str, body: dict, if_match: int | None = None, pending: set | None = None
+               ) -> tuple[Record, bool]:
+        """Store a new version (or create with the client's id). Returns (record, created)."""
+        body = copy.deepcopy(body)
+        if body.get("id") != rid:
+            raise bad_request(
+                f"The id in the body ({body.get('id')!r}) must equal the id in the URL ({rid!r})", "invalid", ("id",)
+            )
+        cur = self.store.current(rtype, rid)
+        if if_match is not None:
+            if cur is None or cur[2]:
+                raise FhirError(412, f"If-Match given but {rtype}/{rid} does not exist", "conflict")
+            if cur[0] != if_match:
+                raise FhirError(412, f"Version conflict: {rtype}/{rid} is at version {cur[0]}, If-Match was {if_match}",
+                                "conflict")
+        self._check(body)
+        self._check_integrity(body, pending)
+        version = 1 if cur is None else cur[0] + 1
+        created = cur is None or cur[2]
+        rec = self._record(rtype, rid, version, "PUT", body)
+        self._store_write(rec)
+        return rec, created
+
+    def delete(self, rtype: str, rid: str, if_match: int | None = None, cascade: bool = False,
+               deleting: set[tuple[str, str]] | None = None) -> Record | None:
+        """Delete (a new 'deleted' version). 409 if others reference it, unless cascading."""
+        cur = self.store.current(rtype, rid)
+        if cur is None or cur[2]:
+            if if_match is not None:
+                raise FhirError(412, f"If-Match given but {rtype}/{rid} does not exist", "conflict")
+            return None
+        if if_match is not None and cur[0] != if_match:
+            raise FhirError(412, f"Version conflict: {rtype}/{rid} is at version {cur[0]}, If-Match was {if_match}",
+                            "conflict")
+        deleting = deleting if deleting is not None else set()
+        deleting.add((rtype, rid))
+        if self.config.referential_integrity:
+            referrers = [r for r in self.store.referrers(rtype, rid, limit=1000) if r not in deleting]
+            if referrers and not cascade:
+                names = ", ".join(f"{t}/{i}" for t, i in referrers[:5])
+                more = f" and {len(referrers) - 5} more" if len(referrers) > 5 else ""
+                raise FhirError(
+                    409,
+                    f"Cannot delete {rtype}/{rid}: it is referenced by {names}{more}. "
+                    "Delete those first, or pass _cascade=delete.",
+                    "conflict",
+                )
+            for t, i in referrers:
+                if (t, i) not in deleting:
+                    self.delete(t, i, cascade=True, deleting=deleting)
+        rec = self._record(rtype, rid, cur[0] + 1, "DELETE", None)
+        self._store_write(rec)
+        return rec
+
+    def load(self, resources: list[dict], validate: bool = True, batch: int = 1000) -> list[Issue]:
+        """Bulk-load resources (keeping their ids) in one transaction; the fast path for worlds and benches.
+
+        Every resource is validated (unless ``validate`` is False) and indexed like any write. References
+        are checked once at the end, against the whole loaded set. Returns the dangling-reference issues
+        (empty when the data is closed); raises a 422 FhirError on the first invalid resource.
+        """
+        records: list[Record] = []
+        ids = set()
+        with self.store.transaction():
+            for n, res in enumerate(resources):
+                rtype = res.get("resourceType")
+                if not isinstance(rtype, str) or not self.spec.is_resource_type(rtype):
+                    raise bad_request(f"resource #{n}: unknown resourceType {rtype!r}")
+                rid = res.get("id") or self.new_id()
+                if not ID_RE.match(rid):
+                    raise bad_request(f"resource #{n}: invalid id {rid!r}")
+                if validate and self.config.validate:
+                    errors = [i for i in self.validator.validate(res) if i.severity in ("error", "fatal")]
+                    if errors:
+                        raise invalid_resource(errors)
+                cur = self.store.current(rtype, rid)
+                version = 1 if cur is None else cur[0] + 1
+                records.append(self._record(rtype, rid, version, "PUT", dict(res)))
+                ids.add((rtype, rid))
+                if len(records) >= batch:
+                    self.store.write(records)
+                    records = []
+            if records:
+                self.store.write(records)
+            self._generation += 1
+        dangling = self.store.query(
+            "SELECT DISTINCT r.rtype, r.id, r.target_type, r.target_id FROM main.refs r "
+            "WHERE NOT EXISTS (SELECT 1 FROM main.resources m WHERE m.rtype = r.target_type AND m.id = r.target_id "
+            "AND m.deleted = 0) AND NOT EXISTS (SELECT 1 FROM base.resources b WHERE b.rtype = r.target_type "
+            "AND b.id = r.target_id AND b.deleted = 0)"
+        )
+        return [
+            Issue("error", "not-found", f"{t}/{i} references {tt}/{ti}, which does not exist", (t,))
+            for t, i, tt, ti in dangling
+        ]
+
+    # -- interactions --------------------------------------------------------------------------------
+    def _create(self, req: Request, rtype: str) -> Response:
+        body = self._resource_body(req, rtype)
+        cond = req.headers.get("if-none-exist")
+        with self.store.transaction():
+            if cond:
+                existing = self._conditional_match(rtype, cond)
+                if len(existing) > 1:
+                    raise FhirError(412, f"If-None-Exist matched {len(existing)} resources", "duplicate")
+                if existing:
+                    return self._read(rtype, existing[0])
+            rec = self.create(rtype, body)
+        return self._write_response(rec, 201, req)
+
+    def _conditional_match(self, rtype: str, query: str) -> list[str]:
+        query = query.split("?", 1)[1] if "?" in query else query
+        if query.startswith(rtype + "?"):
+            query = query[len(rtype) + 1 :]
+        params = parse_qsl(query, keep_blank_values=True)
+        if not params:
+            raise bad_request("Conditional operation needs search parameters")
+        sreq = self.search_engine.parse(rtype, params)
+        return self.search_engine.ids(self.store, sreq)
+
+    def _if_match(self, req: Request) -> int | None:
+        value = req.headers.get("if-match")
+        return _parse_etag(value) if value else None
+
+    def _update(self, req: Request, rtype: str, rid: str) -> Response:
+        body = self._resource_body(req, rtype)
+        with self.store.transaction():
+            rec, created = self.update(rtype, rid, body, self._if_match(req))
+        return self._write_response(rec, 201 if created else 200, req)
+
+    def _conditional_update(self, req: Request, rtype: str) -> Response:
+        if not req.query:
+            raise FhirError(405, f"PUT /{rtype} needs an id or search parameters (conditional update)", "not-supported")
+        body = self._resource_body(req, rtype)
+        with self.store.transaction():
+            matches = self.search_engine.ids(self.store, self.search_engine.parse(rtype, req.query))
+            if len(matches) > 1:
+                raise FhirError(412, f"Conditional update matched {len(matches)} resources", "multiple-matches")
+            if not matches:
+                rid = body.get("id")
+                if rid is not None:
+                    rec, created = self.update(rtype, rid, body)
+                else:
+                    rec, created = self.create(rtype, body), True
+            else:
+                if body.get("id") not in (None, matches[0]):
+                    raise bad_request(f"Body id {body.get('id')!r} differs from the matched resource {matches[0]}")
+                body = {**body, "id": matches[0]}
+                rec, created = self.update(rtype, matches[0], body, self._if_match(req))
+        return self._write_response(rec, 201 if created else 200, req)
+
+    def _delete(self, req: Request, rtype: str, rid: str) -> Response:
+        cascade = any(k == "_cascade" and v == "delete" for k, v in req.query)
+        with self.store.transaction():
+            rec = self.delete(rtype, rid, self._if_match(req), cascade)
+        if rec is None:
+            return Response(204)
+        return Response(200, operation_outcome([Issue("information", "informational", f"Deleted {rtype}/{rid}")]),
+                        {"ETag": _etag(rec.version)})
+
+    def _conditional_delete(self, req: Request, rtype: str) -> Response:
+        query = [(k, v) for k, v in req.query if k != "_cascade"]
+        cascade = len(query) != len(req.query)
+        if not query:
+            raise FhirError(405, f"DELETE /{rtype} needs an id or search parameters (conditional delete)",
+                            "not-supported")
+        with self.store.transaction():
+            matches = self.search_engine.ids(self.store, self.search_engine.parse(rtype, query))
+            if len(matches) > 1:
+                raise FhirError(412, f"Conditional delete matched {len(matches)} resources", "multiple-matches")
+            if not matches:
+                return Response(204)
+            self.delete(rtype, matches[0], cascade=cascade)
+        return Response(200, operation_outcome([Issue("information", "informational", f"Deleted {rtype}/{matches[0]}")]))
+
+    def _read(self, rtype: str, rid: str) -> Response:
+        cur = self.store.current(rtype, rid)
+        if cur is None:
+            raise not_found(f"{rtype}/{rid} is not known")
+        version, last_updated, deleted, data = cur
+        if deleted:
+            raise FhirError(410, f"{rtype}/{rid} was deleted (version {version})", "deleted",
+                            headers={"ETag": _etag(version)})
+        return Response(200, orjson.loads(data), {"ETag": _etag(version), "Last-Modified": last_updated})
+
+    def _vread(self, rtype: str, rid: str, vid: str) -> Response:
+        if not vid.isdigit():
+            raise bad_request(f"Version id must be a positive integer, got {vid!r}")
+        row = self.store.version(rtype, rid, int(vid))
+        if row is None:
+            if self.store.current(rtype, rid) is None:
+                raise not_found(f"{rtype}/{rid} is not known")
+            raise not_found(f"{rtype}/{rid} has no version {vid}")
+        last_updated, _method, data = row
+        if data is None:
+            raise FhirError(410, f"Version {vid} of {rtype}/{rid} is a deletion", "deleted")
+        return Response(200, orjson.loads(data), {"ETag": _etag(int(vid)), "Last-Modified": last_updated})
+
+    # -- search --------------------------------------------------------------------------------------
+    def _lenient(self, req: Request) -> bool:
+        prefer = req.headers.get("prefer", "").lower()
+        if "handling=strict" in prefer:
+            return False
+        if "handling=lenient" in prefer:
+            return True
+        return self.config.lenient_search
+
+    def search(self, rtype: str, query: list[tuple[str, str]], lenient: bool = False) -> dict:
+        """Search and return the searchset Bundle (first page)."""
+        sreq = self.search_engine.parse(rtype, query, lenient)
+        ids = self.search_engine.ids(self.store, sreq)
+        count = self._count(sreq.count)
+        state = {
+            "rtype": rtype, "ids": ids, "count": count, "include": sreq.include, "revinclude": sreq.revinclude,
+            "summary": sreq.summary, "elements": sreq.elements, "total": sreq.total, "ignored": sreq.ignored,
+            "self": f"{self.base}/{rtype}" + (f"?{urlencode(query)}" if query else ""),
+        }
+        return self._render_page(self._remember(state, query), state, 0)
+
+    def _search(self, req: Request, rtype: str, query: list[tuple[str, str]]) -> Response:
+        return Response(200, self.search(rtype, query, self._lenient(req)))
+
+    def _count(self, requested: int | None) -> int:
+        if requested is None:
+            return self.config.default_count
+        return min(requested, self.config.max_count)
+
+    def _remember(self, state: dict, query: list[tuple[str, str]]) -> str:
+        key = hashlib.sha256(
+            orjson.dumps([state["rtype"], query, self._generation, id(self.store)])
+        ).hexdigest()[:24]
+        self._pages[key] = state
+        self._pages.move_to_end(key)
+        while len(self._pages) > self.config.page_cache_size:
+            self._pages.popitem(last=False)
+        return key
+
+    def _page(self, req: Request) -> Response:
+        q = dict(req.query)
+        token = q.get("_getpages", "")
+        state = self._pages.get(token)
+        if state is None:
+            raise FhirError(410, f"Paging token {token!r} is unknown or has expired; repeat the search", "not-found")
+        try:
+            offset = int(q.get("_getpagesoffset", "0"))
+            count = int(q.get("_count", state["count"]))
+        except ValueError:
+            raise bad_request("_getpagesoffset and _count must be integers") from None
+        if offset < 0 or count < 0:
+            raise bad_request("_getpagesoffset and _count must not be negative")
+        state = {**state, "count": min(count, self.config.max_count)}
+        if "everything" in state:
+            return Response(200, self._render_everything(token, state, offset))
+        return Response(200, self._render_page(token, state, offset))
+
+    def _render_page(self, token: str, state: dict, offset: int) -> dict:
+        ids: list[str] = state["ids"]
+        count: int = state["count"]
+        rtype = state["rtype"]
+        bundle: dict = {"resourceType": "Bundle", "type": "searchset"}
+        bundle["id"] = hashlib.sha256(f"{token}:{offset}".encode()).hexdigest()[:16]
+        if state["total"] != "none":
+            bundle["total"] = len(ids)
+        links = [{"relation": "self", "url": state["self"] if offset == 0 else self._page_url(token, offset, count)}]
+        if state["summary"] == "count":
+            bundle["link"] = links
+            return bundle
+        page_ids = ids[offset : offset + count]
+        if offset + count < len(ids) and count > 0:
+            links.append({"relation": "next", "url": self._page_url(token, offset + count, count)})
+        if offset > 0 and count > 0:
+            links.append({"relation": "previous", "url": self._page_url(token, max(0, offset - count), count)})
+        bundle["link"] = links
+        entries = []
+        found = self.search_engine.fetch(self.store, rtype, page_ids)
+        matched = [(rtype, i) for i in page_ids if i in found]
+        for rid in page_ids:
+            data = found.get(rid)
+            if data is not None:
+                entries.append(self._entry(rtype, rid, orjson.loads(data), "match", state))
+        for t, i, body in self._includes(matched, state["include"], state["revinclude"]):
+            entries.append(self._entry(t, i, body, "include", state))
+        if state["ignored"] and offset == 0:
+            issues = [Issue("warning", "not-supported", f"Ignored search parameter {msg}") for msg in state["ignored"]]
+            entries.append({"resource": operation_outcome(issues), "search": {"mode": "outcome"}})
+        if entries:
+            bundle["entry"] = entries
+        return bundle
+
+    def _page_url(self, token: str, offset: int, count: int) -> str:
+        return f"{self.base}?_getpages={quote(token)}&_getpagesoffset={offset}&_count={count}"
+
+    def _entry(self, rtype: str, rid: str, body: dict, mode: str, state: dict) -> dict:
+        body = self._subset(body, state.get("summary"), state.get("elements"))
+        return {"fullUrl": f"{self.base}/{rtype}/{rid}", "resource": body, "search": {"mode": mode}}
+
+    def _subset(self, body: dict, summary: str | None, elements: list[str] | None) -> dict:
+        if summary in (None, "false") and not elements:
+            return body
+        rtype = body["resourceType"]
+        keep_always = {"resourceType", "id", "meta"}
+        if summary == "text":
+            kept = {k: v for k, v in body.items() if k in keep_always or k == "text" or self._mandatory(rtype, k)}
+        elif summary == "data":
+            kept = {k: v for k, v in body.items() if k != "text"}
+        elif summary == "true":
+            kept = {k: v for k, v in body.items() if k in keep_always or self._is_summary(rtype, k)}
+        else:
+            wanted = set(elements or [])
+            kept = {k: v for k, v in body.items() if k in keep_always or k in wanted or self._choice_name(rtype, k) in wanted}
+        meta = dict(kept.get("meta") or {})
+        meta["tag"] = [*meta.get("tag", []), _SUBSETTED]
+        kept["meta"] = meta
+        return kept
+
+    def _choice_name(self, rtype: str, key: str) -> str:
+        """``valueQuantity`` → ``value`` for choice elements; other keys unchanged."""
+        for name, el in self.spec.child_elements(rtype).items():
+            if el.is_choice and key.startswith(name) and key[len(name):][:1].isupper():
+                return name
+        return key
+
+    def _element_def(self, rtype: str, key: str):
+        children = self.spec.child_elements(rtype)
+        return children.get(key) or children.get(self._choice_name(rtype, key))
+
+    def _is_summary(self, rtype: str, key: str) -> bool:
+        el = self._element_def(rtype, key)
+        return bool(el and (el.is_summary or el.is_modifier or el.min > 0))
+
+    def _mandatory(self, rtype: str, key: str) -> bool:
+        el = self._element_def(rtype, key)
+        return bool(el and el.min > 0)
+
+    def _includes(self, matched: list[tuple[str, str]], include: list, revinclude: list) -> list[tuple[str, str, dict]]:
+        seen = set(matched)
+        out: list[tuple[str, str, dict]] = []
+        frontier = list(matched)
+        rounds = 0
+        first = True
+        while frontier and (include or revinclude) and rounds < 5:
+            rounds += 1
+            found: list[tuple[str, str]] = []
+            by_type: dict[str, list[str]] = {}
+            for t, i in frontier:
+                by_type.setdefault(t, []).append(i)
+            for src, code, target, iterate in include:
+                if not (first or iterate):
+                    continue
+                for t, ids in by_type.items():
+                    if src not in ("*", t):
+                        continue
+                    for pair in self.search_engine.references_from(self.store, t, ids, code, target):
+                        if pair not in seen:
+                            seen.add(pair)
+                            found.append(pair)
+            for src, code, target, iterate in revinclude:
+                if not (first or iterate) or src == "*":
+                    continue
+                targets = [(t, i) for t, i in frontier if target in (None, t)]
+                for rid in self.search_engine.referencing(self.store, src, code, targets):
+                    if (src, rid) not in seen:
+                        seen.add((src, rid))
+                        found.append((src, rid))
+            by_found: dict[str, list[str]] = {}
+            for t, i in found:
+                by_found.setdefault(t, []).append(i)
+            for t, ids in by_found.items():
+                if not self.spec.is_resource_type(t):
+                    continue
+                bodies = self.search_engine.fetch(self.store, t, ids)
+                for i in ids:
+                    if i in bodies:
+                        out.append((t, i, orjson.loads(bodies[i])))
+            frontier = found
+            first = False
+            include = [x for x in include if x[3]]
+            revinclude = [x for x in revinclude if x[3]]
+        return out
+
+    # -- history -------------------------------------------------------------------------------------
+    def _history(self, req: Request, rtype: str | None, rid: str | None) -> Response:
+        q = dict(req.query)
+        conds, args = [], []
+        if rtype:
+            conds.append("rtype=?")
+            args.append(rtype)
+        if rid:
+            if self.store.current(rtype or "", rid) is None:
+                raise not_found(f"{rtype}/{rid} is not known")
+            conds.append("id=?")
+            args.append(rid)
+        if "_since" in q:
+            try:
+                from ._values import date_range
+
+                date_range(q["_since"])
+            except ValueError:
+                raise bad_request(f"_since must be an instant, got {q['_since']!r}") from None
+            conds.append("last_updated >= ?")
+            args.append(q["_since"])
+        unknown = set(q) - {"_since", "_count", "_format", "_pretty"}
+        if unknown:
+            raise bad_request(f"Unsupported _history parameter(s): {', '.join(sorted(unknown))}", "not-supported")
+        where = " AND ".join(conds) or "1"
+        rows = self.store.query(
+            f"SELECT rtype, id, version, last_updated, method, json FROM ({history_sql(where)}) "
+            "ORDER BY last_updated DESC, version DESC",
+            args * 4,
+        )
+        try:
+            count = self._count(int(q["_count"]) if "_count" in q else None)
+        except ValueError:
+            raise bad_request("_count must be an integer") from None
+        entries = []
+        for t, i, version, lu, method, data in rows[:count]:
+            entry: dict = {"fullUrl": f"{self.base}/{t}/{i}"}
+            if data is not None:
+                entry["resource"] = orjson.loads(data)
+            entry["request"] = {"method": method, "url": f"{t}/{i}" if method != "POST" else t}
+            entry["response"] = {"status": "200" if data is not None else "204", "etag": _etag(version),
+                                 "lastModified": lu}
+            entries.append(entry)
+        bundle = {"resourceType": "Bundle", "type": "history", "total": len(rows),
+                  "link": [{"relation": "self", "url": f"{self.base}/{req.path}"}]}
+        if entries:
+            bundle["entry"] = entries
+        return Response(200, bundle)
+
+    # -- operations ----------------------------------------------------------------------------------
+    def _validate_op(self, req: Request, rtype: str, rid: str | None) -> Response:
+        data = self._json_body(req)
+        if data.get("resourceType") == "Parameters":
+            found = [p.get("resource") for p in data.get("parameter", []) if p.get("name") == "resource"]
+            if not found or not isinstance(found[0], dict):
+                raise bad_request("$validate Parameters need a 'resource' parameter", "required")
+            data = found[0]
+        if data.get("resourceType") != rtype:
+            raise bad_request(f"$validate on {rtype} got a {data.get('resourceType')!r}")
+        issues = self.validator.validate(data)
+        if not issues:
+            issues = [Issue("information", "informational", "Validation successful: no issues")]
+        return Response(200, operation_outcome(issues))
+
+    def _everything(self, req: Request, pid: str) -> Response:
+        self._read("Patient", pid)  # 404 / 410 as for a read
+        q = dict(req.query)
+        unknown = set(q) - {"_count", "_type", "_format", "_pretty"}
+        if unknown:
+            raise bad_request(f"Unsupported $everything parameter(s): {', '.join(sorted(unknown))}", "not-supported")
+        types = set(q["_type"].split(",")) if "_type" in q else None
+        found: list[tuple[str, str]] = [("Patient", pid)]
+        for t, codes in sorted(self.spec.patient_compartment.items()):
+            if t == "Patient" or (types is not None and t not in types) or not self.spec.is_resource_type(t):
+                continue
+            ids: set[str] = set()
+            for code in codes:
+                if code not in self.spec.search_params(t) or (t, code) in self.extractor.unsupported:
+                    continue
+                ids.update(self.search_engine.referencing(self.store, t, code, [("Patient", pid)]))
+            found.extend((t, i) for i in sorted(ids))
+        seen = set(found)
+        referenced: list[tuple[str, str]] = []
+        by_type: dict[str, list[str]] = {}
+        for t, i in found:
+            by_type.setdefault(t, []).append(i)
+        for t, ids in by_type.items():
+            for pair in self.search_engine.references_from(self.store, t, ids, "*", None):
+                if pair not in seen and (types is None or pair[0] in types):
+                    seen.add(pair)
+                    referenced.append(pair)
+        state = {
+            "rtype": "Patient", "ids": [], "count": 0, "include": [], "revinclude": [], "summary": None,
+            "elements": None, "total": "accurate", "ignored": [], "self": f"{self.base}/Patient/{pid}/$everything",
+        }
+        all_refs = found + referenced
+        try:
+            count = self._count(int(q["_count"]) if "_count" in q else None)
+        except ValueError:
+            raise bad_request("_count must be an integer") from None
+        state["everything"] = all_refs
+        state["count"] = count
+        token = self._remember(state, [*list(q.items()), ("$everything", pid)])
+        return Response(200, self._render_everything(token, state, 0))
+
+    def _render_everything(self, token: str, state: dict, offset: int) -> dict:
+        refs = state["everything"]
+        count = state["count"]
+        page = refs[offset : offset + count]
+        entries = []
+        by_type: dict[str, list[str]] = {}
+        for t, i in page:
+            by_type.setdefault(t, []).append(i)
+        bodies = {t: self.search_engine.fetch(self.store, t, ids) for t, ids in by_type.items()}
+        for t, i in page:
+            data = bodies[t].get(i)
+            if data is not None:
+                entries.append({"fullUrl": f"{self.base}/{t}/{i}", "resource": orjson.loads(data),
+                                "search": {"mode": "match"}})
+        links = [{"relation": "self", "url": state["self"]}]
+        if offset + count < len(refs):
+            links.append({"relation": "next", "url": self._page_url(token, offset + count, count)})
+        bundle = {"resourceType": "Bundle", "type": "searchset", "total": len(refs), "link": links}
+        if entries:
+            bundle["entry"] = entries
+        return bundle
+
+    # -- batch / transaction ---------------------------------------------------------------------
+    def _bundle(self, bundle: dict) -> Response:
+        from ._bundle import process_bundle
+
+        return process_bundle(self, bundle)
+
+

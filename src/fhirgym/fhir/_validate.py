@@ -1,0 +1,710 @@
+"""Structural validation of FHIR R4 JSON resources, driven by the official StructureDefinitions.
+
+Why our own: a FHIR server must reject invalid codes in *required* bindings (``Patient.gender``
+"robot") and say exactly which element is wrong, as a FHIRPath-like ``OperationOutcome.issue.
+expression``. No installable Python library does both, and this runs on every write and bulk load,
+so it has to be fast: each element path is compiled once, lazily, into a lookup table
+(JSON key -> element definition, type, checker, bound codes) and resources are walked against those
+tables. No object model is built and FHIRPath is never evaluated.
+
+Checked: unknown elements, cardinality, JSON shape (arrays vs single values, objects, empty values,
+``null``), primitive formats (the spec's regexes plus calendar, 32-bit integer and sign checks),
+choice types, primitive extensions (``_birthDate``), extension structure, ``resourceType``,
+nested resources (``contained``, ``Bundle.entry.resource``, ...), required bindings on ``code``,
+``Coding`` and ``CodeableConcept`` (when the ValueSet can be enumerated from the core package), and
+``Reference.reference`` syntax and target types.
+
+Not checked, deliberately: FHIRPath invariants (``ele-1``, ``dom-2`` ...), profiles in
+``meta.profile``, extension definitions, extensible/preferred bindings, and xhtml beyond its
+``<div`` root. Conditional references (``Patient?identifier=...``) are accepted because they are
+legal inside transactions, which is where bulk loads come from.
+
+Expressions name elements by their JSON property, choice suffix included, with ``[i]`` on every
+array item: ``Patient.name[0].given[1]``, ``Observation.valueQuantity.value``. Primitive
+extensions (``_birthDate``) are reported on their element (``Patient.birthDate.extension[0].url``),
+nested resources under their container (``Bundle.entry[2].resource.status``).
+
+Issue codes: ``structure`` (unknown element, wrong JSON shape, too many values, empty or null),
+``required`` (missing element), ``value`` (bad primitive or reference), ``code-invalid`` (code
+outside a required ValueSet). Every issue is an error.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+
+from fhirgym.spec import ElementDef, Spec
+
+from ._errors import Issue
+from ._values import date_range
+
+#: JSON object nesting deeper than this is refused instead of risking Python's recursion limit.
+MAX_DEPTH = 100
+
+_INT_MIN = -(2**31)
+_INT_MAX = 2**31 - 1
+
+# How a JSON property is walked (a field's "mode").
+_PRIM_ONE = 0  # primitive datatype: a JSON string/number/boolean
+_COMPLEX_ONE = 1  # datatype or backbone element: a JSON object
+_COMPLEX_MANY = 2  # ... repeating: a JSON array of objects
+_PRIM_MANY = 3  # repeating primitive
+_SKIP = 4  # resourceType at a resource root
+_PRIM_EXT = 5  # "_x": id/extension of primitive x
+_RESOURCE = 6  # a whole resource (contained, Bundle.entry.resource ...)
+_PRIM = (_PRIM_ONE, _PRIM_MANY)
+
+#: Element types whose children live under the element's own path rather than under a datatype.
+_INLINE_TYPES = frozenset({"BackboneElement", "Element"})
+
+#: The spec's base64Binary regex ``(\s*([0-9a-zA-Z\+/=]){4}\s*)+`` backtracks exponentially on
+#: non-matching input with whitespace runs; this one accepts the same language without ambiguity.
+_BASE64 = r"\s*(?:[0-9a-zA-Z+/=]{4}\s*)+"
+
+_ID_RE = re.compile(r"[A-Za-z0-9\-.]{1,64}", re.ASCII)
+_REL_REF = re.compile(r"([A-Z][A-Za-z]+)/([A-Za-z0-9\-.]{1,64})(?:/_history/[A-Za-z0-9\-.]{1,64})?", re.ASCII)
+_COND_REF = re.compile(r"([A-Z][A-Za-z]+)\?\S+", re.ASCII)
+_ABS_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://\S+", re.ASCII)
+_URL_TAIL = re.compile(
+    r"/([A-Z][A-Za-z]+)/[A-Za-z0-9\-.]{1,64}(?:/_history/[A-Za-z0-9\-.]{1,64})?$", re.ASCII
+)
+
+Checker = Callable[[object], "str | None"]
+
+
+#: Valid primitive strings remembered per type (codes, system URLs and units repeat endlessly);
+#: a cache is emptied when it reaches this size, and longer strings are never remembered.
+_CACHE_MAX = 50_000
+_CACHE_LEN = 256
+
+#: A location in the instance, built without string formatting on the hot path: a root string,
+#: ``(parent, key)`` or ``(parent, key, index)``. Rendered by :func:`_render` only for issues.
+Path = str | tuple
+
+# Post-walk checks on complex values.
+_POST_REFERENCE = 1
+_POST_BINDING = 2
+
+
+class _Field:
+    """How one JSON property of one element path is validated."""
+
+    __slots__ = (
+        "check",
+        "choice",
+        "codes",
+        "el",
+        "fast",
+        "key",
+        "many",
+        "mode",
+        "other",
+        "pairs",
+        "plan",
+        "plan_key",
+        "post",
+        "targets",
+        "type",
+        "valueset",
+    )
+
+    def __init__(self, key: str, el: ElementDef | None, type_code: str, mode: int) -> None:
+        self.key = key
+        self.el = el
+        self.type = type_code
+        self.many = el.is_array if el is not None else False
+        if mode == _PRIM_ONE and self.many:
+            mode = _PRIM_MANY
+        elif mode == _COMPLEX_ONE and self.many:
+            mode = _COMPLEX_MANY
+        self.mode = mode
+        self.choice: str | None = el.name if el is not None and el.is_choice else None
+        # For a primitive "x": "_x" (where its extensions live); for "_x": "x".
+        self.other = "_" + key
+        self.check: Checker | None = None
+        #: Strings known to be valid here, so the hot path skips the checker.
+        self.fast: set[str] | frozenset[str] = frozenset()
+        self.plan_key: str | None = None
+        self.plan: _Plan | None = None
+        self.post = 0  # _POST_REFERENCE, _POST_BINDING or 0
+        self.targets: frozenset[str] = frozenset()
+        self.valueset: str | None = None
+        self.codes: frozenset[str] | None = None  # bound codes, code part only
+        self.pairs: frozenset[tuple[str, str]] | None = None  # bound (system, code)
+
+
+class _Plan:
+    """The compiled children of one element path (a resource, backbone element or datatype)."""
+
+    __slots__ = ("choices", "fields", "is_extension", "required")
+
+    def __init__(self) -> None:
+        self.fields: dict[str, _Field] = {}
+        self.required: list[tuple[str, tuple[str, ...]]] = []  # (element name, keys that satisfy it)
+        self.choices: dict[str, tuple[str, ...]] = {}  # choice name -> its JSON keys
+        self.is_extension = False
+
+
+_SKIP_FIELD = _Field("", None, "", _SKIP)
+
+
+def _render(p: Path) -> str:
+    """``(("Patient", "name", 0), "given", 1)`` -> ``Patient.name[0].given[1]``."""
+    parts: list[str] = []
+    while type(p) is tuple:
+        parts.append(f".{p[1]}" if len(p) == 2 else f".{p[1]}[{p[2]}]")
+        p = p[0]
+    parts.append(p)  # type: ignore[arg-type]
+    parts.reverse()
+    return "".join(parts)
+
+
+def _issue(issues: list[Issue], code: str, path: Path, msg: str) -> None:
+    where = _render(path)
+    issues.append(Issue("error", code, f"{where}: {msg}", (where,)))
+
+
+def _kind(v: object) -> str:
+    """JSON name of a value's type, for messages."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, list):
+        return "array"
+    if isinstance(v, dict):
+        return "object"
+    return type(v).__name__
+
+
+def _show(v: object) -> str:
+    text = "'" + v + "'" if isinstance(v, str) else repr(v)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _got(v: object) -> str:
+    k = _kind(v)
+    return f"{k} {_show(v)}" if k in ("string", "number", "boolean") else k
+
+
+def _make_checker(type_code: str, spec: Spec, valid: set[str]) -> Checker:
+    """A function returning why a JSON value is not a valid ``type_code`` (None if it is).
+
+    Valid strings are added to ``valid`` so that callers can skip the checker next time.
+    """
+    if type_code == "boolean":
+
+        def check_bool(v: object) -> str | None:
+            return None if v is True or v is False else f"expected a JSON boolean, got {_got(v)}"
+
+        return check_bool
+    if type_code in ("integer", "positiveInt", "unsignedInt"):
+        lo = {"integer": _INT_MIN, "positiveInt": 1, "unsignedInt": 0}[type_code]
+
+        def check_int(v: object) -> str | None:
+            if type(v) is not int:
+                return f"expected a JSON integer ({type_code}), got {_got(v)}"
+            if not lo <= v <= _INT_MAX:
+                return f"{v} is out of range for {type_code} ({lo}..{_INT_MAX})"
+            return None
+
+        return check_int
+    if type_code == "decimal":
+
+        def check_decimal(v: object) -> str | None:
+            if type(v) is int or (type(v) is float and math.isfinite(v)):
+                return None
+            return f"expected a JSON number (decimal), got {_got(v)}"
+
+        return check_decimal
+
+    if type_code == "base64Binary":
+        pattern: str | None = _BASE64
+    elif type_code == "id":
+        pattern = _ID_RE.pattern
+    else:
+        pattern = spec.primitive_regex.get(type_code)
+    # ASCII: the spec's regexes follow XML Schema, where \s is only ASCII whitespace.
+    fullmatch = re.compile(pattern, re.ASCII).fullmatch if pattern else None
+    is_date = type_code in ("date", "dateTime", "instant")
+    is_xhtml = type_code == "xhtml"
+
+    def check_str(v: object) -> str | None:
+        if type(v) is not str:
+            return f"expected a JSON string ({type_code}), got {_got(v)}"
+        if v in valid:
+            return None
+        if not v or v.isspace():
+            return f"{type_code} must contain at least one non-whitespace character"
+        if fullmatch is not None and fullmatch(v) is None:
+            return f"{_show(v)} is not a valid {type_code}"
+        if is_date and len(v) >= 10 and v[8:10] > "28":  # the regex already bounds everything else
+            try:
+                date_range(v)
+            except ValueError:
+                return f"{_show(v)} is not a valid {type_code} (no such calendar day)"
+        if is_xhtml and not v.lstrip().startswith("<div"):
+            return "xhtml must be a <div> element"
+        if len(v) <= _CACHE_LEN:
+            if len(valid) >= _CACHE_MAX:
+                valid.clear()
+            valid.add(v)
+        return None
+
+    return check_str
+
+
+class Validator:
+    """Validates resources against the R4 core definitions; one instance per :class:`Spec`.
+
+    The compiled tables and caches only grow (bounded), so one instance can serve a whole process.
+    """
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+        self._plans: dict[str, _Plan] = {}
+        self._checkers: dict[str, tuple[Checker, set[str]]] = {}
+        self._valuesets: dict[str, tuple[frozenset[tuple[str, str]], frozenset[str]] | None] = {}
+        self._refs: dict[str, str] = {}  # valid reference -> its resource type ("" if it has none)
+
+    # -- public --------------------------------------------------------------------------------
+    def validate(self, resource: object) -> list[Issue]:
+        """All problems with one resource; [] if valid. Never raises on any input (any JSON value)."""
+        issues: list[Issue] = []
+        try:
+            self._resource(resource, "", issues, 0)
+        except Exception as exc:  # a bug here must not turn bad input into a server error
+            issues.append(Issue("error", "exception", f"Validator failure: {type(exc).__name__}: {exc}", ()))
+        return issues
+
+    # -- walking -------------------------------------------------------------------------------
+    def _resource(self, res: object, path: Path, issues: list[Issue], depth: int) -> None:
+        if type(res) is not dict:
+            self._bad_resource(path, issues, f"expected a resource (JSON object), got {_got(res)}")
+            return
+        rt = res.get("resourceType")
+        if type(rt) is not str:
+            if rt is None:
+                self._bad_resource(path, issues, "missing resourceType", "required")
+            else:
+                self._bad_resource(path, issues, f"resourceType must be a string, got {_got(rt)}")
+            return
+        if not self.spec.is_resource_type(rt):
+            self._bad_resource(path, issues, f"resourceType {_show(rt)} is not a known R4 resource type")
+            return
+        plan = self._plans.get(rt) or self._plan(rt)
+        self._object(res, plan, path or rt, issues, depth)
+
+    @staticmethod
+    def _bad_resource(path: Path, issues: list[Issue], msg: str, code: str = "structure") -> None:
+        if path:
+            _issue(issues, code, path, msg)
+        else:
+            issues.append(Issue("error", code, f"resource: {msg}", ()))
+
+    def _object(self, obj: dict, plan: _Plan, path: Path, issues: list[Issue], depth: int) -> None:
+        """Walk one JSON object against its compiled element path."""
+        if depth >= MAX_DEPTH:
+            _issue(issues, "structure", path, f"nested deeper than {MAX_DEPTH} levels")
+            return
+        fields = plan.fields
+        chosen: dict[str, str] | None = None
+        for key, val in obj.items():
+            f = fields.get(key)
+            if f is None:
+                self._unknown(key, plan, path, issues)
+                continue
+            if f.choice is not None:
+                base = f.key if f.mode != _PRIM_EXT else f.other
+                if chosen is None:
+                    chosen = {f.choice: base}
+                elif chosen.setdefault(f.choice, base) != base:
+                    prev = chosen[f.choice]
+                    _issue(
+                        issues,
+                        "structure",
+                        (path, base),
+                        f"{f.choice}[x] is given twice, as '{prev}' and '{base}'",
+                    )
+            # Fast paths for the common, valid shapes, most frequent first; the rest goes to _slow.
+            mode = f.mode
+            if mode == _PRIM_ONE:
+                if type(val) is str and val in f.fast:
+                    continue
+                if val is not None and type(val) is not list:
+                    self._prim(obj, f, val, (path, key), issues, -1)
+                    continue
+            elif mode == _COMPLEX_ONE:
+                if type(val) is dict:
+                    sub = f.plan or self._resolve(f)
+                    p = (path, key)
+                    self._object(val, sub, p, issues, depth + 1)
+                    if f.post:
+                        self._post(f, val, p, issues)
+                    continue
+            elif mode == _COMPLEX_MANY:
+                if type(val) is list and val:
+                    sub = f.plan or self._resolve(f)
+                    for i, item in enumerate(val):
+                        if type(item) is dict:
+                            p = (path, key, i)
+                            self._object(item, sub, p, issues, depth + 1)
+                            if f.post:
+                                self._post(f, item, p, issues)
+                        else:
+                            self._complex(f, item, (path, key, i), issues, depth)
+                    continue
+            elif mode == _PRIM_MANY:
+                if type(val) is list and val:
+                    fast = f.fast
+                    for i, item in enumerate(val):
+                        if type(item) is not str or item not in fast:
+                            self._prim(obj, f, item, (path, key, i), issues, i)
+                    continue
+            elif mode == _SKIP:
+                continue
+            elif mode == _PRIM_EXT:
+                self._prim_ext(obj, f, val, (path, f.other), issues, depth)
+                continue
+            self._slow(obj, f, key, val, path, issues, depth)
+        if not obj:
+            _issue(issues, "structure", path, "empty objects are not allowed")
+        for name, keys in plan.required:
+            for k in keys:
+                if k in obj:
+                    break
+            else:
+                label = name + "[x]" if name in plan.choices else name
+                where = _render(path)
+                issues.append(
+                    Issue(
+                        "error",
+                        "required",
+                        f"{where}: missing required element '{label}'",
+                        (f"{where}.{name}",),
+                    )
+                )
+        if plan.is_extension:
+            has_value = chosen is not None and "value" in chosen
+            if has_value and "extension" in obj:
+                _issue(
+                    issues,
+                    "structure",
+                    path,
+                    "an extension has either value[x] or nested extensions, not both",
+                )
+            elif not has_value and "extension" not in obj:
+                _issue(issues, "structure", path, "an extension needs a value[x] or nested extensions")
+
+    def _slow(
+        self, obj: dict, f: _Field, key: str, val: object, path: Path, issues: list[Issue], depth: int
+    ) -> None:
+        """Shape errors (null, empty array, array vs single value) and nested resources."""
+        if val is None:
+            _issue(issues, "structure", (path, key), "null is not allowed")
+        elif f.many:
+            if type(val) is not list:
+                _issue(
+                    issues,
+                    "structure",
+                    (path, key),
+                    f"repeating element must be a JSON array, got {_kind(val)}",
+                )
+                self._one(obj, f, val, (path, key), issues, depth, -1)
+            elif not val:
+                _issue(issues, "structure", (path, key), "empty arrays are not allowed")
+            else:
+                for i, item in enumerate(val):
+                    self._one(obj, f, item, (path, key, i), issues, depth, i)
+        elif type(val) is list:
+            _issue(issues, "structure", (path, key), "element allows at most one value but got a JSON array")
+        else:
+            self._one(obj, f, val, (path, key), issues, depth, -1)
+
+    def _one(
+        self, obj: dict, f: _Field, val: object, path: Path, issues: list[Issue], depth: int, i: int
+    ) -> None:
+        if f.mode in _PRIM:
+            self._prim(obj, f, val, path, issues, i)
+        elif f.mode != _RESOURCE:
+            self._complex(f, val, path, issues, depth)
+        elif val is None:
+            _issue(issues, "structure", path, "null is not allowed")
+        else:
+            self._resource(val, path, issues, depth + 1)
+
+    def _prim(self, obj: dict, f: _Field, val: object, path: Path, issues: list[Issue], i: int) -> None:
+        """One primitive value; ``i`` is its index in a repeating element, else -1."""
+        if val is None:
+            sib = obj.get(f.other)
+            if i >= 0 and type(sib) is list and i < len(sib) and sib[i] is not None:
+                return  # this item has only extensions (in _x[i]), which FHIR allows
+            _issue(issues, "structure", path, "null is not allowed")
+            return
+        msg = f.check(val)  # type: ignore[misc]
+        if msg is not None:
+            _issue(issues, "value", path, msg)
+        elif f.codes is not None and val not in f.codes:
+            _issue(issues, "code-invalid", path, f"{_show(val)} is not in required ValueSet {f.valueset}")
+
+    def _complex(self, f: _Field, val: object, path: Path, issues: list[Issue], depth: int) -> None:
+        if type(val) is not dict:
+            msg = "null is not allowed" if val is None else f"expected an object ({f.type}), got {_got(val)}"
+            _issue(issues, "structure", path, msg)
+            return
+        self._object(val, f.plan or self._resolve(f), path, issues, depth + 1)
+        if f.post:
+            self._post(f, val, path, issues)
+
+    def _resolve(self, f: _Field) -> _Plan:
+        plan = f.plan = self._plan(f.plan_key)  # type: ignore[arg-type]
+        return plan
+
+    def _post(self, f: _Field, val: dict, path: Path, issues: list[Issue]) -> None:
+        """Checks that need the whole value: reference syntax and targets, Coding bindings."""
+        if f.post == _POST_REFERENCE:
+            ref = val.get("reference")
+            if type(ref) is str:
+                rtype = self._refs.get(ref)
+                if rtype is None:
+                    rtype = self._parse_reference(ref, (path, "reference"), issues)
+                    if rtype is None:
+                        return
+                if rtype and f.targets and rtype not in f.targets:
+                    allowed = ", ".join(sorted(f.targets))
+                    _issue(
+                        issues,
+                        "value",
+                        (path, "reference"),
+                        f"a reference to {rtype} is not allowed here (allowed: {allowed})",
+                    )
+        else:
+            self._binding(f, val, path, issues)
+
+    def _prim_ext(
+        self, obj: dict, f: _Field, val: object, path: Path, issues: list[Issue], depth: int
+    ) -> None:
+        """``_x``: id/extension of primitive ``x``, item by item when ``x`` repeats (reported at ``x``)."""
+        name = f.other
+        plan = f.plan
+        if plan is None:
+            plan = f.plan = self._plan("Element")
+        if not f.many:
+            if type(val) is dict:
+                self._object(val, plan, path, issues, depth + 1)
+            else:
+                _issue(
+                    issues,
+                    "structure",
+                    path,
+                    f"_{name} must be a JSON object with id/extension, got {_kind(val)}",
+                )
+            return
+        if type(val) is not list:
+            _issue(
+                issues,
+                "structure",
+                path,
+                f"_{name} must be a JSON array aligned with {name}, got {_kind(val)}",
+            )
+            return
+        if not val:
+            _issue(issues, "structure", path, f"_{name}: empty arrays are not allowed")
+            return
+        values = obj.get(name)
+        if type(values) is list and len(values) != len(val):
+            _issue(issues, "structure", path, f"_{name} has {len(val)} items but {name} has {len(values)}")
+        for i, item in enumerate(val):
+            if type(item) is dict:
+                self._object(item, plan, (path[0], name, i), issues, depth + 1)
+            elif item is not None:
+                _issue(
+                    issues,
+                    "structure",
+                    (path[0], name, i),
+                    f"_{name} items must be objects with id/extension or null, got {_kind(item)}",
+                )
+            elif type(values) is not list or i >= len(values) or values[i] is None:
+                _issue(
+                    issues,
+                    "structure",
+                    (path[0], name, i),
+                    f"null in _{name} needs a value at the same index in {name}",
+                )
+
+    def _unknown(self, key: object, plan: _Plan, path: Path, issues: list[Issue]) -> None:
+        if key == "fhir_comments":
+            return
+        where = _render(path)
+        msg = f"Unknown element {_show(key)} in {where}"
+        if isinstance(key, str):
+            for name, keys in plan.choices.items():
+                if key == name:
+                    msg += f" ({name}[x] needs a type suffix: one of {', '.join(keys)})"
+                    break
+                if key.startswith(name) and key[len(name) : len(name) + 1].isupper():
+                    msg += f" ('{key[len(name) :]}' is not an allowed type for {name}[x]: use one of {', '.join(keys)})"
+                    break
+        issues.append(Issue("error", "structure", msg, (f"{where}.{key}",)))
+
+    # -- references and bindings -----------------------------------------------------------------
+    def _parse_reference(self, ref: str, path: Path, issues: list[Issue]) -> str | None:
+        """The resource type a reference names ("" if none); None after reporting a bad one."""
+        rtype = ""
+        if not ref or ref.isspace():
+            return None  # the primitive check has already reported it
+        if ref[0] == "#":
+            if len(ref) > 1 and _ID_RE.fullmatch(ref, 1) is None:
+                _issue(issues, "value", path, f"{_show(ref)} is not a valid local reference (#id)")
+                return None
+        elif ref.startswith("urn:"):
+            kind = "uuid" if ref.startswith("urn:uuid:") else "oid" if ref.startswith("urn:oid:") else ""
+            if not kind or self._checker(kind)[0](ref) is not None:
+                _issue(issues, "value", path, f"{_show(ref)} is not a valid urn:uuid: or urn:oid: reference")
+                return None
+        elif m := _REL_REF.fullmatch(ref) or _COND_REF.fullmatch(ref):
+            rtype = m[1]
+            if not self.spec.is_resource_type(rtype):
+                _issue(issues, "value", path, f"{_show(ref)} refers to unknown resource type '{rtype}'")
+                return None
+        elif _ABS_URL.fullmatch(ref) is not None:
+            tail = _URL_TAIL.search(ref)
+            if tail is not None and self.spec.is_resource_type(tail[1]):
+                rtype = tail[1]  # otherwise some other absolute URL: nothing more to say
+        else:
+            _issue(
+                issues,
+                "value",
+                path,
+                f"{_show(ref)} is not a valid reference (expected Type/id, an absolute URL, urn:uuid:, urn:oid: or #id)",
+            )
+            return None
+        if len(self._refs) >= _CACHE_MAX:
+            self._refs.clear()
+        self._refs[ref] = rtype
+        return rtype
+
+    def _binding(self, f: _Field, val: dict, path: Path, issues: list[Issue]) -> None:
+        """Required binding on a Coding, or on a CodeableConcept with codings (one must match)."""
+        if f.type == "Coding":
+            bad = _coding_outside(val, f)
+            if bad is not None:
+                _issue(issues, "code-invalid", path, f"{bad} is not in required ValueSet {f.valueset}")
+            return
+        codings = val.get("coding")
+        if type(codings) is not list:
+            return
+        first_bad: str | None = None
+        for c in codings:
+            if type(c) is dict:
+                bad = _coding_outside(c, f)
+                if bad is None:
+                    if type(c.get("code")) is str:
+                        return
+                else:
+                    first_bad = first_bad or bad
+        if first_bad is not None:
+            _issue(
+                issues,
+                "code-invalid",
+                (path, "coding"),
+                f"no coding is in required ValueSet {f.valueset} (found {first_bad})",
+            )
+
+    # -- compiling -------------------------------------------------------------------------------
+    def _plan(self, key: str) -> _Plan:
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self._build(key)
+        return plan
+
+    def _build(self, key: str) -> _Plan:
+        """Compile the children of ``key``: a resource type, a datatype or a backbone path."""
+        spec = self.spec
+        plan = _Plan()
+        root = spec.is_resource_type(key)
+        plan.is_extension = key == "Extension"
+        fields = plan.fields
+        if root:
+            fields["resourceType"] = _SKIP_FIELD
+        for name, el in spec.children.get(key, {}).items():
+            if el.is_choice:
+                keys = [self._add(fields, name + t[0].upper() + t[1:], el, t) for t in el.types]
+                plan.choices[name] = tuple(keys)
+            else:
+                # R4 types Resource.id as string, but it is an id ([A-Za-z0-9\-.]{1,64}).
+                t = "id" if root and name == "id" else el.types[0] if el.types else "BackboneElement"
+                keys = [self._add(fields, name, el, t)]
+            if el.min > 0:
+                plan.required.append((name, tuple(k for k0 in keys for k in (k0, "_" + k0))))
+        return plan
+
+    def _add(self, fields: dict[str, _Field], key: str, el: ElementDef, t: str) -> str:
+        """Compile one JSON key (and ``_key`` for primitives); returns ``key``."""
+        if t == "Resource":
+            f = _Field(key, el, t, _RESOURCE)
+        elif self.spec.is_primitive(t):
+            f = _Field(key, el, t, _PRIM_ONE)
+            f.check, valid = self._checker(t)
+            f.fast = valid
+            ext = _Field("_" + key, el, t, _PRIM_EXT)
+            ext.other = key
+            fields[ext.key] = ext
+        else:
+            f = _Field(key, el, t, _COMPLEX_ONE)
+            if el.content_reference:
+                f.plan_key = el.content_reference
+            elif t in _INLINE_TYPES:
+                f.plan_key = el.path
+            else:
+                f.plan_key = t
+            if t == "Reference":
+                f.post = _POST_REFERENCE
+                f.targets = frozenset(el.target_types)
+        if (
+            el.binding_strength == "required"
+            and el.binding_valueset
+            and t in ("code", "Coding", "CodeableConcept")
+        ):
+            vs = self._valueset(el.binding_valueset)
+            if vs is not None:
+                f.valueset = el.binding_valueset
+                f.pairs, f.codes = vs
+                if t == "code":
+                    assert f.check is not None
+                    check = f.check
+                    f.fast = frozenset(c for c in f.codes if check(c) is None)
+                else:
+                    f.post = _POST_BINDING
+        fields[key] = f
+        return key
+
+    def _checker(self, type_code: str) -> tuple[Checker, set[str]]:
+        entry = self._checkers.get(type_code)
+        if entry is None:
+            valid: set[str] = set()
+            entry = self._checkers[type_code] = (_make_checker(type_code, self.spec, valid), valid)
+        return entry
+
+    def _valueset(self, url: str) -> tuple[frozenset[tuple[str, str]], frozenset[str]] | None:
+        if url not in self._valuesets:
+            pairs = self.spec.valueset_codes(url)
+            self._valuesets[url] = None if pairs is None else (pairs, frozenset(c for _, c in pairs))
+        return self._valuesets[url]
+
+
+def _coding_outside(c: dict, f: _Field) -> str | None:
+    """``system|code`` if this Coding's code is outside the field's required ValueSet, else None."""
+    code = c.get("code")
+    if type(code) is not str:
+        return None
+    system = c.get("system")
+    if type(system) is str:
+        return None if (system, code) in f.pairs else f"{system}|{code}"  # type: ignore[operator]
+    return None if code in f.codes else _show(code)  # type: ignore[operator]

@@ -1,0 +1,113 @@
+"""Value conventions shared by indexing (write time) and searching (query time).
+
+Both sides must agree exactly on how a string is normalised and how a date or number becomes a range,
+so the functions live here once. Dates become half-open ranges of epoch seconds ``[lo, hi)`` at the
+precision they were written with (``2024`` is the whole year), which is what FHIR's prefix semantics
+compare.
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+import unicodedata
+from decimal import Decimal, InvalidOperation
+
+#: Stand-ins for open period ends (SQLite REAL handles them, and they sort correctly).
+MIN_TIME = -1.0e18
+MAX_TIME = 1.0e18
+
+_DATE_RE = re.compile(
+    r"^(?P<y>\d{4})(?:-(?P<m>\d{2})(?:-(?P<d>\d{2})"
+    r"(?:T(?P<H>\d{2})(?::(?P<M>\d{2})(?::(?P<S>\d{2})(?P<f>\.\d+)?)?)?"
+    r"(?P<tz>Z|[+-]\d{2}:\d{2})?)?)?)?$"
+)
+
+
+def normalize_string(value: str) -> str:
+    """Case- and accent-insensitive form used by string search (FHIR's default matching)."""
+    decomposed = unicodedata.normalize("NFKD", value)
+    stripped = "".join(c for c in decomposed if not unicodedata.combining(c))
+    return " ".join(stripped.casefold().split())
+
+
+def date_range(value: str) -> tuple[float, float]:
+    """``[lo, hi)`` in epoch seconds for a FHIR date, dateTime or instant (any precision).
+
+    Raises ValueError for anything that is not a valid FHIR date/time. Values without a time zone are
+    taken as UTC (FHIR leaves them server-defined).
+    """
+    m = _DATE_RE.match(value.strip()) if isinstance(value, str) else None
+    if not m:
+        raise ValueError(f"not a FHIR date/dateTime: {value!r}")
+    year = int(m["y"])
+    month = int(m["m"] or 1)
+    day = int(m["d"] or 1)
+    if not 1 <= month <= 12:
+        raise ValueError(f"month out of range in {value!r}")
+    if not 1 <= day <= calendar.monthrange(year, month)[1]:
+        raise ValueError(f"day out of range in {value!r}")
+    hour = int(m["H"] or 0)
+    minute = int(m["M"] or 0)
+    second = int(m["S"] or 0)
+    if hour > 23 or minute > 59 or second > 60:
+        raise ValueError(f"time out of range in {value!r}")
+    if m["H"] is not None and m["M"] is None:
+        raise ValueError(f"hour without minutes in {value!r}")
+    offset = 0
+    tz = m["tz"]
+    if tz and tz != "Z":
+        sign = 1 if tz[0] == "+" else -1
+        offset = sign * (int(tz[1:3]) * 3600 + int(tz[4:6]) * 60)
+    base = calendar.timegm((year, month, day, hour, minute, min(second, 59), 0, 0, 0)) - offset
+    if m["m"] is None:
+        return float(base), float(calendar.timegm((year + 1, 1, 1, 0, 0, 0, 0, 0, 0)))
+    if m["d"] is None:
+        ny, nm = (year + 1, 1) if month == 12 else (year, month + 1)
+        return float(base), float(calendar.timegm((ny, nm, 1, 0, 0, 0, 0, 0, 0)))
+    if m["H"] is None:
+        return float(base), float(base + 86400)
+    if m["S"] is None:
+        return float(base), float(base + 60)
+    frac = m["f"]
+    if frac:
+        digits = len(frac) - 1
+        lo = base + float("0" + frac)
+        return lo, lo + 10.0**-digits
+    return float(base), float(base + 1)
+
+
+def number_range(value: str | float | int) -> tuple[float, float, float]:
+    """``(lo, hi, value)``: the implicit precision range of a number as written (``100`` → [99.5, 100.5)).
+
+    Raises ValueError for non-numbers.
+    """
+    try:
+        d = Decimal(str(value).strip())
+    except InvalidOperation as exc:
+        raise ValueError(f"not a number: {value!r}") from exc
+    if not d.is_finite():
+        raise ValueError(f"not a finite number: {value!r}")
+    exponent = d.as_tuple().exponent
+    assert isinstance(exponent, int)
+    half = Decimal(5) * Decimal(10) ** (exponent - 1)
+    return float(d - half), float(d + half), float(d)
+
+
+def split_reference(ref: str) -> tuple[str | None, str | None, str | None]:
+    """Split a Reference.reference into ``(type, id, version)``; Nones when it is not Type/id shaped.
+
+    Accepts relative (``Patient/1``), versioned (``Patient/1/_history/2``) and absolute URLs
+    (``http://x/fhir/Patient/1``). The caller decides whether the type is a real resource type.
+    """
+    if not ref or ref.startswith("#") or ref.startswith("urn:"):
+        return None, None, None
+    path = ref.split("?", 1)[0]
+    parts = path.rstrip("/").split("/")
+    version = None
+    if len(parts) >= 4 and parts[-2] == "_history":
+        version = parts[-1]
+        parts = parts[:-2]
+    if len(parts) >= 2 and parts[-2][:1].isupper() and parts[-1]:
+        return parts[-2], parts[-1], version
+    return None, None, None
