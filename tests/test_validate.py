@@ -594,6 +594,17 @@ def test_deep_nesting_is_refused_not_crashed(v: Validator) -> None:
     issues = v.validate(make(PATIENT, extension=[ext]))
     assert [i.code for i in issues] == ["structure"]
     assert f"nested deeper than {MAX_DEPTH} levels" in issues[0].diagnostics
+    # The slower paths (a repeating element given as an object, nested resources) too.
+    slow: dict = {"url": "http://x", "valueString": "leaf"}
+    for _ in range(MAX_DEPTH + 50):
+        slow = {"url": "http://x", "extension": slow}
+    res: dict = {"resourceType": "Patient"}
+    for _ in range(MAX_DEPTH + 50):
+        res = {"resourceType": "Patient", "contained": [res]}
+    for deep in (make(PATIENT, extension=slow), res):
+        issues = v.validate(deep)
+        assert issues and all(i.code == "structure" for i in issues)
+        assert any(f"nested deeper than {MAX_DEPTH} levels" in i.diagnostics for i in issues)
 
 
 def test_non_string_keys_do_not_crash(v: Validator) -> None:

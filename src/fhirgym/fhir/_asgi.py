@@ -54,7 +54,7 @@ def create_app(server: FhirServer, admin: bool = False) -> Starlette:
         except FhirError as err:
             return _render(Response(err.status, err.outcome(), err.headers))
         req = Request(
-            method=request.method,
+            method="GET" if request.method == "HEAD" else request.method,  # HEAD: GET's headers, no body
             path=request.path_params.get("path", ""),
             query=query,
             headers={k.lower(): v for k, v in request.headers.items()},

@@ -9,6 +9,7 @@ A batch runs each entry on its own and reports per-entry outcomes.
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlsplit
 
@@ -63,7 +64,7 @@ def _parse_entries(bundle: dict) -> list[tuple[int, dict, str, str, dict | None]
         if method not in _ORDER or method == "PATCH":
             raise bad_request(f"Bundle.entry[{n}].request.method {method!r} is not supported", "not-supported",
                               (f"Bundle.entry[{n}].request.method",))
-        resource = entry.get("resource")
+        resource = entry.get("resource") if method in ("POST", "PUT") else None
         if method in ("POST", "PUT") and not isinstance(resource, dict):
             raise bad_request(f"Bundle.entry[{n}] ({method}) needs a resource", "required",
                               (f"Bundle.entry[{n}].resource",))
@@ -77,6 +78,8 @@ def process_bundle(server: FhirServer, bundle: dict) -> Response:
     entries = _parse_entries(bundle)
     if bundle["type"] == "batch":
         return Response(200, _batch(server, entries))
+    # references are rewritten in place: work on copies, never on the caller's (in-process) objects
+    entries = [(n, e, m, u, copy.deepcopy(r) if r is not None else None) for n, e, m, u, r in entries]
     with server.store.transaction():
         result = _transaction(server, entries)
     return Response(200, result)
@@ -90,6 +93,18 @@ def _split_url(url: str) -> tuple[str, list[str], list[tuple[str, str]]]:
 
 
 def _transaction(server: FhirServer, entries: list) -> dict:
+    # 0. deletes first (the prescribed order is DELETE, POST, PUT, GET), so that the conditional creates,
+    #    updates and references below see their effect; resources deleted together may reference each other
+    responses: dict[int, dict] = {}
+    deleting = {tuple(_split_url(url)[1]) for _, _, method, url, _ in entries
+                if method == "DELETE" and len(_split_url(url)[1]) == 2}
+    for n, entry, method, url, resource in entries:
+        if method == "DELETE":
+            try:
+                responses[n] = _execute(server, n, entry, method, url, resource, None, deleting)
+            except FhirError as err:
+                raise _entry_error(n, err) from None
+
     # 1. decide the identity of every written resource, so references can be rewritten up front
     mapping: dict[str, str] = {}
     plans: dict[int, tuple] = {}
@@ -138,22 +153,25 @@ def _transaction(server: FhirServer, entries: list) -> dict:
         except FhirError as err:
             raise _entry_error(n, err) from None
 
+    # one transaction must not write (or delete and write) the same resource twice
+    written: dict[tuple[str, str], int] = {}
+    for n, (_method, rtype, rid, existed) in sorted(plans.items()):
+        if existed:
+            continue
+        if (rtype, rid) in deleting or (rtype, rid) in written:
+            raise _entry_error(n, bad_request(f"{rtype}/{rid} is deleted or written by more than one entry of this "
+                                              "transaction", "invalid"))
+        written[(rtype, rid)] = n
+
     def resolve(ref: str) -> str | None:
         if ref in mapping:
             return mapping[ref]
         if ref.startswith("urn:uuid:") or ref.startswith("urn:oid:"):
             raise bad_request(f"Reference {ref!r} does not match any fullUrl in this transaction", "not-found")
-        if "?" in ref and "/" not in ref.split("?", 1)[0]:
-            rtype, query = ref.split("?", 1)
-            if server.spec.is_resource_type(rtype):
-                matches = server.search_engine.ids(
-                    server.store, server.search_engine.parse(rtype, parse_qsl(query, keep_blank_values=True))
-                )
-                if len(matches) != 1:
-                    raise FhirError(412, f"Conditional reference {ref!r} matched {len(matches)} resources", "not-found")
-                mapping[ref] = f"{rtype}/{matches[0]}"
-                return mapping[ref]
-        return None
+        resolved = server.resolve_conditional_reference(ref)
+        if resolved is not None:
+            mapping[ref] = resolved
+        return resolved
 
     for n, _entry, _method, _url, resource in entries:
         if resource is not None:
@@ -162,9 +180,10 @@ def _transaction(server: FhirServer, entries: list) -> dict:
             except FhirError as err:
                 raise _entry_error(n, err) from None
 
-    # 2. execute in the prescribed order
-    responses: dict[int, dict] = {}
+    # 2. execute the rest in the prescribed order
     for n, entry, method, url, resource in sorted(entries, key=lambda e: (_ORDER[e[2]], e[0])):
+        if n in responses:  # a DELETE, done in step 0
+            continue
         try:
             responses[n] = _execute(server, n, entry, method, url, resource, plans.get(n), pending)
         except FhirError as err:
@@ -200,12 +219,12 @@ def _execute(server: FhirServer, n: int, entry: dict, method: str, url: str, res
             rtype, rid = segs
             if not server.spec.is_resource_type(rtype):
                 raise FhirError(404, f"Unknown resource type {rtype!r}", "not-found")
-            rec = server.delete(rtype, rid)
+            rec = server.delete(rtype, rid, deleting=set(pending))
         elif len(segs) == 1 and query:
             matches = server.search_engine.ids(server.store, server.search_engine.parse(segs[0], query))
             if len(matches) > 1:
                 raise FhirError(412, f"Conditional delete matched {len(matches)} resources", "multiple-matches")
-            rec = server.delete(segs[0], matches[0]) if matches else None
+            rec = server.delete(segs[0], matches[0], deleting=set(pending)) if matches else None
         else:
             raise bad_request(f"DELETE url must be Type/id or Type?search, got {url!r}")
         return {"response": {"status": _status(200 if rec else 204)}}

@@ -28,6 +28,33 @@ class TransportError(RuntimeError):
     """The server could not be reached or answered with something that is not HTTP/JSON."""
 
 
+class _Headers(dict):
+    """Response headers of the HTTP backend, looked up case-insensitively (``headers["ETag"]`` works as
+    in-process). Keys are stored lower-case."""
+
+    def __init__(self, items: Mapping[str, str]) -> None:
+        super().__init__((k.lower(), v) for k, v in items.items())
+
+    def __getitem__(self, key: str) -> str:
+        return super().__getitem__(key.lower())
+
+    def __contains__(self, key: object) -> bool:
+        return super().__contains__(key.lower() if isinstance(key, str) else key)
+
+    def get(self, key: str, default=None):
+        return super().get(key.lower(), default)
+
+
+def _location_key(location: object) -> tuple[str, str] | None:
+    """``(type, id)`` from a Location, absolute or relative (``[base/]Type/id[/_history/v]``)."""
+    if not isinstance(location, str) or not location:
+        return None
+    segs = [s for s in urlsplit(location).path.split("/") if s]
+    if len(segs) >= 4 and segs[-2] == "_history":
+        segs = segs[:-2]
+    return (segs[-2], segs[-1]) if len(segs) >= 2 else None
+
+
 def _pairs(params: Params) -> list[tuple[str, str]]:
     if params is None:
         return []
@@ -172,58 +199,119 @@ class HttpClient(FhirClient):
                 parsed = orjson.loads(r.content)
             except orjson.JSONDecodeError:
                 raise TransportError(f"{method} {url} answered {r.status_code} with non-JSON content") from None
-        return Response(r.status_code, parsed, dict(r.headers))
+        return Response(r.status_code, parsed, _Headers(r.headers))
 
     def request(self, method: str, path: str, params: Params = None, body: dict | bytes | None = None,
                 headers: Mapping[str, str] | None = None) -> Response:
         method = method.upper()
         path = path.lstrip("/")
         query = _pairs(params)
-        if self.track_changes and method in ("PUT", "DELETE"):
-            self._remember_prior(path)
+        if "?" in path:
+            path, qs = path.split("?", 1)
+            query = parse_qsl(qs, keep_blank_values=True) + query
+        touched = self._before(method, path, query, body) if self.track_changes else {}
         resp = self._raw(method, path, query, body, headers)
-        if self.track_changes and resp.status in (200, 201):
-            self._track(method, path, resp)
+        if self.track_changes:
+            self._track(method, path, resp, touched)
         return resp
 
-    def _remember_prior(self, path: str) -> None:
-        parts = path.split("?")[0].split("/")
-        if len(parts) != 2 or (parts[0], parts[1]) in self._prior or (parts[0], parts[1]) in self._created:
-            return
-        cur = self._raw("GET", path, [], None, None)
-        self._prior[(parts[0], parts[1])] = cur.body if cur.status == 200 else None
+    def _before(self, method: str, path: str, query: list[tuple[str, str]], body: dict | bytes | None
+                ) -> dict[int | None, list[tuple[str, str]]]:
+        """Remember the prior state of what a PUT/DELETE (also one inside a Bundle) may change.
 
-    def _track(self, method: str, path: str, resp: Response) -> None:
-        if method == "POST" and path == "" and resp.body and resp.body.get("type") == "transaction-response":
-            for entry in resp.body.get("entry", []):
-                r = entry.get("response", {})
-                if str(r.get("status", "")).startswith("201") and r.get("location"):
-                    t, i = r["location"].split("/")[:2]
-                    if (t, i) not in self._prior:
-                        self._created.append((t, i))
-            return
-        loc = resp.headers.get("location") or resp.headers.get("content-location")
-        if resp.status == 201 and loc:
-            tail = loc.split(self.base_url + "/", 1)[-1].split("/")
-            if len(tail) >= 2 and (tail[0], tail[1]) not in self._prior:
-                self._created.append((tail[0], tail[1]))
+        Returns the newly remembered keys per Bundle entry (None: the request itself), so that the
+        priors of a write that failed can be forgotten again.
+        """
+        if method in ("PUT", "DELETE"):
+            return {None: self._remember_prior(path, query)}
+        if method != "POST" or path != "":
+            return {}
+        bundle = body
+        if isinstance(body, bytes):
+            try:
+                bundle = orjson.loads(body)
+            except orjson.JSONDecodeError:
+                return {}
+        if not isinstance(bundle, dict) or not isinstance(bundle.get("entry"), list):
+            return {}
+        touched: dict[int | None, list[tuple[str, str]]] = {}
+        for n, entry in enumerate(bundle["entry"]):
+            req = entry.get("request") if isinstance(entry, dict) else None
+            if isinstance(req, dict) and str(req.get("method", "")).upper() in ("PUT", "DELETE") and isinstance(
+                req.get("url"), str
+            ):
+                p, _, qs = req["url"].lstrip("/").partition("?")
+                touched[n] = self._remember_prior(p, parse_qsl(qs, keep_blank_values=True))
+        return touched
+
+    def _remember_prior(self, path: str, query: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        parts = path.split("/")
+        if len(parts) == 1 and parts[0] and query:  # conditional: what the search matches now
+            found = self._raw("GET", parts[0], [(k, v) for k, v in query if k != "_cascade"], None, None)
+            current = [e.get("resource") for e in (found.body or {}).get("entry", []) if found.status == 200
+                       and e.get("search", {}).get("mode", "match") == "match"]
+            priors = {(r["resourceType"], r["id"]): r for r in current if isinstance(r, dict) and "id" in r}
+        elif len(parts) == 2:
+            priors = {(parts[0], parts[1]): None}
+        else:
+            return []
+        new = []
+        for key, known in priors.items():
+            if key in self._prior or key in self._created:
+                continue
+            if known is None:
+                cur = self._raw("GET", f"{key[0]}/{key[1]}", [], None, None)
+                known = cur.body if cur.status == 200 else None
+            self._prior[key] = known
+            new.append(key)
+        return new
+
+    def _track(self, method: str, path: str, resp: Response, touched: dict[int | None, list[tuple[str, str]]]) -> None:
+        unchanged = resp.status >= 400 or (method == "DELETE" and resp.status == 204)  # 204: nothing to delete
+        failed: list[tuple[str, str]] = list(touched.get(None, [])) if unchanged else []
+        body = resp.body if isinstance(resp.body, dict) else {}
+        if method == "POST" and path == "" and body.get("type") in ("transaction-response", "batch-response"):
+            for n, entry in enumerate(body.get("entry", [])):
+                r = entry.get("response", {}) if isinstance(entry, dict) else {}
+                status = str(r.get("status", ""))
+                if status.startswith("201"):
+                    self._created_at(r.get("location"))
+                elif status[:1] != "2":
+                    failed.extend(touched.get(n, []))
+        elif method == "POST" and path == "" and resp.status >= 400:
+            failed.extend(k for keys in touched.values() for k in keys)
+        elif resp.status == 201:
+            self._created_at(resp.headers.get("location") or resp.headers.get("content-location"))
+        for key in failed:  # nothing changed there: never "restore" it over later changes by others
+            self._prior.pop(key, None)
+
+    def _created_at(self, location: object) -> None:
+        key = _location_key(location)
+        if key is not None and key not in self._prior and key not in self._created:
+            self._created.append(key)
 
     def reset(self) -> None:
         """Undo this client's changes: delete what it created, restore what it updated or deleted."""
-        errors = []
-        for t, i in reversed(self._created):
-            r = self._raw("DELETE", f"{t}/{i}", [], None, None)
-            if r.status >= 400 and r.status != 404 and r.status != 410:
-                errors.append(f"DELETE {t}/{i}: {r.status}")
-        for (t, i), body in self._prior.items():
-            if body is None:
-                self._raw("DELETE", f"{t}/{i}", [], None, None)
-            else:
-                body = {k: v for k, v in body.items() if k != "meta"}
-                r = self._raw("PUT", f"{t}/{i}", [], body, None)
-                if r.status >= 400:
-                    errors.append(f"PUT {t}/{i}: {r.status}")
+        # restores first (they drop references to what this client created), then deletes, newest first;
+        # referential integrity can still order-constrain them, so what failed is retried while any succeeds
+        ops: list[tuple[str, str, str, dict | None]] = [
+            ("PUT", t, i, {k: v for k, v in body.items() if k != "meta"}) for (t, i), body in self._prior.items() if body
+        ]
+        ops += [("DELETE", t, i, None) for t, i in reversed(self._created)]
+        ops += [("DELETE", t, i, None) for (t, i), body in self._prior.items() if not body]
+        failed: list[tuple[tuple[str, str, str, dict | None], int]] = []
+        while ops:
+            failed = []
+            for op in ops:
+                method, t, i, body = op
+                r = self._raw(method, f"{t}/{i}", [], body, None)
+                if r.status >= 400 and not (method == "DELETE" and r.status in (404, 410)):
+                    failed.append((op, r.status))
+            if len(failed) == len(ops):
+                break
+            ops = [op for op, _ in failed]
         self._created.clear()
         self._prior.clear()
-        if errors:
+        if failed:
+            errors = [f"{m} {t}/{i}: {status}" for (m, t, i, _), status in failed]
             raise TransportError("reset could not undo everything: " + "; ".join(errors))

@@ -27,11 +27,11 @@ Row shapes (param code first):
 
 Choices made here:
 
-- A ``Range`` becomes ONE quantity (or number) row: value None, lo = lower bound of ``low``
-  (MIN_TIME if absent), hi = upper bound of ``high`` (MAX_TIME if absent), units from ``low``
-  (else ``high``). Two rows would make ``eq``/``lt``/``gt`` match either end alone.
+- A ``Range`` becomes two quantity (or number) rows, one per present end (``low``, ``high``), each
+  with its own value, precision range and units. Search compares the ``value`` column, so
+  ``lt``/``gt``/``le``/``ge`` then match when some end of the range does; an absent end gives no row.
 - ``SampledData`` (quantity), ``Ratio``, ``Attachment`` etc. give no rows: there is no value to
-  compare. ``string``-typed values of date parameters (e.g. ``onsetString``) are skipped.
+  compare. ``string``, ``Age`` and ``Range`` values of date parameters (``onsetString``...) are skipped.
 - ``Money`` without a currency gets no system/code/unit.
 - ``resolve()`` only looks at the reference string (``Patient/1``, absolute URLs); ``#contained``
   and ``urn:`` references resolve to nothing, as there is nothing to read.
@@ -39,6 +39,11 @@ Choices made here:
   ``(type, id, None, None, None)``.
 - A composite gives one row per element matched by its base expression, only when every component
   has at least one row (otherwise no search could match it).
+- A ``CodeableConcept`` gives a token row per coding (text: the coding's display, else the concept's
+  text) and also ``(None, None, text)`` when no coding row carries the concept's text, so
+  ``:text`` finds ``CodeableConcept.text`` even when the codings have displays.
+- A ``code`` (or other string-like primitive) gets the system of its element's required binding
+  when that ValueSet's expansion has exactly one system (``gender=http://hl7.org/fhir/administrative-gender|male``).
 - ``Extension`` values are indexed by their ``value[x]``.
 - Rows are deduplicated per parameter. Tables without rows are absent from the result.
 """
@@ -109,9 +114,12 @@ _STRINGISH = frozenset(
 _URIISH = frozenset({"uri", "url", "canonical", "oid", "uuid"})
 _DATEISH = frozenset({"date", "dateTime", "instant"})
 _NUMERIC = frozenset({"decimal", "integer", "positiveInt", "unsignedInt", "integer64"})
-_QUANTITIES = frozenset({"Quantity", "Age", "Duration", "Distance", "Count", "SimpleQuantity", "MoneyQuantity"})
+_QUANTITIES = frozenset(
+    {"Quantity", "Age", "Duration", "Distance", "Count", "SimpleQuantity", "MoneyQuantity"}
+)
 _QUANTITY_PARENTS = {t: "Quantity" for t in _QUANTITIES if t != "Quantity"}
 _ISO4217 = "urn:iso:std:iso:4217"
+_ABSTRACT = ("Resource", "DomainResource")
 
 
 class _Unsupported(Exception):
@@ -122,128 +130,161 @@ class _Unsupported(Exception):
 # Value conversions (cached: Synthea repeats displays, dates and numbers a lot)
 # ------------------------------------------------------------------------------------------------
 
-_norm = functools.lru_cache(maxsize=1 << 16)(normalize_string)
+
+class _Memo(dict):
+    """Cache whose hit is one C-level dict lookup (an lru_cache hit costs a Python-level call)."""
+
+    __slots__ = ("fn", "limit")
+
+    def __init__(self, fn: Callable[[Any], Any], limit: int = 1 << 16):
+        super().__init__()
+        self.fn = fn
+        self.limit = limit
+
+    def __missing__(self, key: Any) -> Any:
+        if len(self) >= self.limit:
+            self.clear()
+        value = self[key] = self.fn(key)
+        return value
 
 
-@functools.lru_cache(maxsize=1 << 16)
-def _dr(value: str) -> tuple[float, float] | None:
+def _date_or_none(value: str) -> tuple[float, float] | None:
     try:
         return date_range(value)
     except ValueError:
         return None
 
 
-@functools.lru_cache(maxsize=1 << 16)
-def _nr(text: str) -> tuple[float, float, float] | None:
+def _number_or_none(text: str) -> tuple[float, float, float] | None:
     try:
         return number_range(text)
     except ValueError:
         return None
 
 
+_norm = _Memo(normalize_string).__getitem__
+_DATES = _Memo(_date_or_none)
+_FLOATS = _Memo(lambda v: _number_or_none(repr(v)))  # ints and floats apart: 1 == 1.0 but "1" != "1.0"
+_INTS = _Memo(lambda v: _number_or_none(repr(v)))
+
+
 def _num_range(v: Any) -> tuple[float, float, float] | None:
     """Precision range of a JSON number, from its textual form; None for non-numbers (and bools)."""
     cls = v.__class__
-    if cls is int or cls is float:
-        return _nr(repr(v))
+    if cls is float:
+        return _FLOATS[v]
+    if cls is int:
+        return _INTS[v]
     if cls is Decimal:
-        return _nr(str(v))
+        return _number_or_none(str(v))
     return None
 
 
-@functools.lru_cache(maxsize=1 << 16)
-def _split_ref_cached(ref: str, known: frozenset[str]) -> tuple[str | None, str | None]:
-    t, i, _ = split_reference(ref)
-    if t is None or t not in known:
-        return None, None
-    return t, i
+class _RefTypes(_Memo):
+    """Reference string -> (type, id), the type only when it is a real resource type."""
+
+    __slots__ = ()
+
+    def __init__(self, known: frozenset[str]):
+        def split(ref: str) -> tuple[str | None, str | None]:
+            t, i, _ = split_reference(ref)
+            return (t, i) if t in known else (None, None)
+
+        super().__init__(split)
 
 
 def _date_of(v: Any) -> tuple[float, float] | None:
-    return _dr(v) if v.__class__ is str else None
+    return _DATES[v] if v.__class__ is str else None
 
 
 # ------------------------------------------------------------------------------------------------
-# Row builders: (value, out) -> appends rows without the param code
+# Row builders: (value, out, code) -> append full rows. Composite components pass code=None and the
+# code column is dropped when the component is serialised.
 # ------------------------------------------------------------------------------------------------
 
-def _s_prim(v: Any, out: list) -> None:
+
+def _s_prim(v: Any, out: list, code: Any) -> None:
     if v.__class__ is str and v:
-        out.append((_norm(v), v))
+        out.append((code, _norm(v), v))
 
 
-def _s_parts(v: Any, out: list, fields: tuple[str, ...]) -> None:
+def _s_parts(v: Any, out: list, code: Any, fields: tuple[str, ...]) -> None:
     if v.__class__ is not dict:
         return
     for f in fields:
         x = v.get(f)
         if x is None:
             continue
-        if x.__class__ is list:
-            for y in x:
-                if y.__class__ is str and y:
-                    out.append((_norm(y), y))
-        elif x.__class__ is str and x:
-            out.append((_norm(x), x))
+        for y in x if x.__class__ is list else (x,):
+            if y.__class__ is str and y:
+                out.append((code, _norm(y), y))
 
 
-def _s_name(v: Any, out: list) -> None:
-    _s_parts(v, out, ("family", "given", "prefix", "suffix", "text"))
+_NAME_PARTS = ("family", "given", "prefix", "suffix", "text")
+_ADDRESS_PARTS = ("line", "city", "district", "state", "postalCode", "country", "text")
 
 
-def _s_address(v: Any, out: list) -> None:
-    _s_parts(v, out, ("line", "city", "district", "state", "postalCode", "country", "text"))
+def _s_name(v: Any, out: list, code: Any) -> None:
+    _s_parts(v, out, code, _NAME_PARTS)
 
 
-def _t_prim(v: Any, out: list, system: str | None = None) -> None:
+def _s_address(v: Any, out: list, code: Any) -> None:
+    _s_parts(v, out, code, _ADDRESS_PARTS)
+
+
+def _t_prim(v: Any, out: list, code: Any, system: str | None = None) -> None:
     if v.__class__ is str and v:
-        out.append((system, v, None))
+        out.append((code, system, v, None))
 
 
-def _t_bool(v: Any, out: list) -> None:
+def _t_bool(v: Any, out: list, code: Any) -> None:
     if v is True:
-        out.append((None, "true", None))
+        out.append((code, None, "true", None))
     elif v is False:
-        out.append((None, "false", None))
+        out.append((code, None, "false", None))
 
 
-def _t_num(v: Any, out: list) -> None:
+def _t_int(v: Any, out: list, code: Any) -> None:
     if v.__class__ is int or v.__class__ is Decimal:
-        out.append((None, str(v), None))
+        out.append((code, None, str(v), None))
 
 
-def _t_coding(v: Any, out: list) -> None:
+def _t_coding(v: Any, out: list, code: Any) -> None:
     if v.__class__ is not dict:
         return
     system = v.get("system")
-    code = v.get("code")
+    c = v.get("code")
     d = v.get("display")
     text = _norm(d) if d.__class__ is str and d else None
-    if system is not None or code is not None or text is not None:
-        out.append((system, code, text))
+    if system is not None or c is not None or text is not None:
+        out.append((code, system, c, text))
 
 
-def _t_cc(v: Any, out: list) -> None:
+def _t_cc(v: Any, out: list, code: Any) -> None:
+    """A row per coding (text: its display, else the concept's text), plus a text-only row when the
+    concept's text is carried by no coding row, so ``:text`` finds ``CodeableConcept.text``."""
     if v.__class__ is not dict:
         return
     t = v.get("text")
     ntext = _norm(t) if t.__class__ is str and t else None
+    carried = False
     codings = v.get("coding")
     if codings:
         for c in codings if codings.__class__ is list else (codings,):
             if c.__class__ is not dict:
                 continue
             system = c.get("system")
-            code = c.get("code")
+            cc = c.get("code")
             d = c.get("display")
             text = _norm(d) if d.__class__ is str and d else ntext
-            if system is not None or code is not None or text is not None:
-                out.append((system, code, text))
-    elif ntext is not None:
-        out.append((None, None, ntext))
+            if system is not None or cc is not None or text is not None:
+                out.append((code, system, cc, text))
+                carried = carried or (text is not None and text == ntext)
+    if ntext is not None and not carried:
+        out.append((code, None, None, ntext))
 
 
-def _t_identifier(v: Any, out: list) -> None:
+def _t_identifier(v: Any, out: list, code: Any) -> None:
     if v.__class__ is not dict:
         return
     system = v.get("system")
@@ -252,51 +293,59 @@ def _t_identifier(v: Any, out: list) -> None:
         return
     typ = v.get("type")
     t = typ.get("text") if typ.__class__ is dict else None
-    out.append((system, value, _norm(t) if t.__class__ is str and t else None))
+    out.append((code, system, value, _norm(t) if t.__class__ is str and t else None))
 
 
-def _t_contactpoint(v: Any, out: list) -> None:
-    if v.__class__ is dict and v.get("value") is not None:
-        out.append((v.get("system"), v.get("value"), None))
-
-
-def _r_reference(v: Any, out: list, known: frozenset[str]) -> None:
-    if v.__class__ is not dict:
-        return
-    ref = v.get("reference")
-    ident = v.get("identifier")
-    isys = ival = None
-    if ident.__class__ is dict:
-        isys = ident.get("system")
-        ival = ident.get("value")
-    if ref.__class__ is str and ref and ref[0] != "#":
-        t, i = _split_ref_cached(ref, known)
-        out.append((t, i, ref, isys, ival))
-    elif isys is not None or ival is not None:
-        out.append((None, None, None, isys, ival))
-
-
-def _r_uri(v: Any, out: list) -> None:
-    if v.__class__ is str and v:
-        out.append((None, None, v, None, None))
-
-
-def _r_inline(v: Any, out: list, known: frozenset[str]) -> None:
+def _t_contactpoint(v: Any, out: list, code: Any) -> None:
     if v.__class__ is dict:
-        rt = v.get("resourceType")
-        rid = v.get("id")
-        if rt in known and rid.__class__ is str:
-            out.append((rt, rid, None, None, None))
+        value = v.get("value")
+        if value is not None:
+            out.append((code, v.get("system"), value, None))
 
 
-def _d_prim(v: Any, out: list) -> None:
+def _reference_builders(
+    refs: _RefTypes, known: frozenset[str]
+) -> tuple[Callable[..., None], Callable[..., None]]:
+    """Reference and inline-resource builders bound to the set of real resource types."""
+
+    def r_reference(v: Any, out: list, code: Any) -> None:
+        if v.__class__ is not dict:
+            return
+        ref = v.get("reference")
+        ident = v.get("identifier")
+        isys = ival = None
+        if ident.__class__ is dict:
+            isys = ident.get("system")
+            ival = ident.get("value")
+        if ref.__class__ is str and ref and ref[0] != "#":
+            t, i = refs[ref]
+            out.append((code, t, i, ref, isys, ival))
+        elif isys is not None or ival is not None:
+            out.append((code, None, None, None, isys, ival))
+
+    def r_inline(v: Any, out: list, code: Any) -> None:
+        if v.__class__ is dict:
+            rt = v.get("resourceType")
+            rid = v.get("id")
+            if rt in known and rid.__class__ is str:
+                out.append((code, rt, rid, None, None, None))
+
+    return r_reference, r_inline
+
+
+def _r_uri(v: Any, out: list, code: Any) -> None:
+    if v.__class__ is str and v:
+        out.append((code, None, None, v, None, None))
+
+
+def _d_prim(v: Any, out: list, code: Any) -> None:
     if v.__class__ is str:
-        r = _dr(v)
+        r = _DATES[v]
         if r is not None:
-            out.append(r)
+            out.append((code, r[0], r[1]))
 
 
-def _d_period(v: Any, out: list) -> None:
+def _d_period(v: Any, out: list, code: Any) -> None:
     if v.__class__ is not dict:
         return
     start = v.get("start")
@@ -315,90 +364,75 @@ def _d_period(v: Any, out: list) -> None:
         if r is None:
             return
         hi = r[1]
-    out.append((lo, hi))
+    out.append((code, lo, hi))
 
 
-def _d_timing(v: Any, out: list) -> None:
+def _d_timing(v: Any, out: list, code: Any) -> None:
     if v.__class__ is not dict:
         return
     events = v.get("event")
     if events.__class__ is list:
         for e in events:
-            _d_prim(e, out)
+            _d_prim(e, out, code)
     repeat = v.get("repeat")
     if repeat.__class__ is dict and "boundsPeriod" in repeat:
-        _d_period(repeat["boundsPeriod"], out)
+        _d_period(repeat["boundsPeriod"], out, code)
 
 
-def _n_num(v: Any, out: list) -> None:
+def _n_num(v: Any, out: list, code: Any) -> None:
     r = _num_range(v)
     if r is not None:
-        out.append(r)
+        out.append((code, r[0], r[1], r[2]))
 
 
-def _range_bounds(v: Any) -> tuple[float, float, dict] | None:
-    """(lo, hi, unit-bearing quantity) of a Range; None when neither end has a value."""
-    if v.__class__ is not dict:
-        return None
-    low = v.get("low")
-    high = v.get("high")
-    lr = _num_range(low.get("value")) if low.__class__ is dict else None
-    hr = _num_range(high.get("value")) if high.__class__ is dict else None
-    if lr is None and hr is None:
-        return None
-    unit_src = low if lr is not None else high
-    return (lr[0] if lr is not None else MIN_TIME), (hr[1] if hr is not None else MAX_TIME), unit_src
-
-
-def _n_range(v: Any, out: list) -> None:
-    b = _range_bounds(v)
-    if b is not None:
-        out.append((b[0], b[1], None))
-
-
-def _n_quantity(v: Any, out: list) -> None:
+def _n_range(v: Any, out: list, code: Any) -> None:
     if v.__class__ is dict:
-        _n_num(v.get("value"), out)
+        for end in (v.get("low"), v.get("high")):
+            if end.__class__ is dict:
+                _n_num(end.get("value"), out, code)
 
 
-def _q_quantity(v: Any, out: list) -> None:
+def _n_quantity(v: Any, out: list, code: Any) -> None:
+    if v.__class__ is dict:
+        _n_num(v.get("value"), out, code)
+
+
+def _q_quantity(v: Any, out: list, code: Any) -> None:
     if v.__class__ is not dict:
         return
     r = _num_range(v.get("value"))
     if r is not None:
-        out.append((r[2], r[0], r[1], v.get("system"), v.get("code"), v.get("unit")))
+        out.append((code, r[2], r[0], r[1], v.get("system"), v.get("code"), v.get("unit")))
 
 
-def _q_money(v: Any, out: list) -> None:
+def _q_money(v: Any, out: list, code: Any) -> None:
     if v.__class__ is not dict:
         return
     r = _num_range(v.get("value"))
     if r is not None:
         cur = v.get("currency")
-        out.append((r[2], r[0], r[1], _ISO4217 if cur is not None else None, cur, cur))
+        out.append((code, r[2], r[0], r[1], _ISO4217 if cur is not None else None, cur, cur))
 
 
-def _q_range(v: Any, out: list) -> None:
-    b = _range_bounds(v)
-    if b is not None:
-        q = b[2]
-        out.append((None, b[0], b[1], q.get("system"), q.get("code"), q.get("unit")))
+def _q_range(v: Any, out: list, code: Any) -> None:
+    if v.__class__ is dict:
+        for end in (v.get("low"), v.get("high")):
+            _q_quantity(end, out, code)
 
 
-def _u_uri(v: Any, out: list) -> None:
+def _u_uri(v: Any, out: list, code: Any) -> None:
     if v.__class__ is str and v:
-        out.append((v,))
+        out.append((code, v))
 
 
-def _builders(ptype: str, known: frozenset[str]) -> dict[str, Callable[..., None]]:
-    """FHIR type -> row builder, for one search parameter type."""
+def _builders(ptype: str, refs: _RefTypes, known: frozenset[str]) -> dict[str, Callable[..., None]]:
+    """FHIR type -> row builder, for one search parameter type. Types absent here give no rows."""
+    b: dict[str, Callable[..., None]] = {}
     if ptype == "string":
-        b: dict[str, Callable[..., None]] = dict.fromkeys(_STRINGISH, _s_prim)
-        b.update(HumanName=_s_name, Address=_s_address)
-        return b
-    if ptype == "token":
-        b = dict.fromkeys(_STRINGISH, _t_prim)
-        b.update(dict.fromkeys(("integer", "positiveInt", "unsignedInt"), _t_num))
+        b.update(dict.fromkeys(_STRINGISH, _s_prim), HumanName=_s_name, Address=_s_address)
+    elif ptype == "token":
+        b.update(dict.fromkeys(_STRINGISH, _t_prim))
+        b.update(dict.fromkeys(("integer", "positiveInt", "unsignedInt"), _t_int))
         b.update(
             boolean=_t_bool,
             Coding=_t_coding,
@@ -406,30 +440,31 @@ def _builders(ptype: str, known: frozenset[str]) -> dict[str, Callable[..., None
             Identifier=_t_identifier,
             ContactPoint=_t_contactpoint,
         )
-        return b
-    if ptype == "reference":
-        b = dict.fromkeys(_URIISH, _r_uri)
-        b["Reference"] = functools.partial(_r_reference, known=known)
-        inline = functools.partial(_r_inline, known=known)
-        b.update(dict.fromkeys(known, inline))
-        b["Resource"] = b["DomainResource"] = inline
-        return b
-    if ptype == "date":
-        b = dict.fromkeys(_DATEISH, _d_prim)
-        b.update(Period=_d_period, Timing=_d_timing)
-        return b
-    if ptype == "number":
-        b = dict.fromkeys(_NUMERIC, _n_num)
+    elif ptype == "reference":
+        r_reference, r_inline = _reference_builders(refs, known)
+        b.update(dict.fromkeys(_URIISH, _r_uri), Reference=r_reference)
+        b.update(dict.fromkeys((*known, "Resource", "DomainResource"), r_inline))
+    elif ptype == "date":
+        b.update(dict.fromkeys(_DATEISH, _d_prim), Period=_d_period, Timing=_d_timing)
+    elif ptype == "number":
+        b.update(dict.fromkeys(_NUMERIC, _n_num), Range=_n_range)
         b.update(dict.fromkeys(_QUANTITIES, _n_quantity))
-        b["Range"] = _n_range
-        return b
-    if ptype == "quantity":
-        b = dict.fromkeys(_QUANTITIES, _q_quantity)
-        b.update(Money=_q_money, Range=_q_range)
-        return b
-    if ptype == "uri":
-        return dict.fromkeys(_URIISH | {"string"}, _u_uri)
-    return {}
+    elif ptype == "quantity":
+        b.update(dict.fromkeys(_QUANTITIES, _q_quantity), Money=_q_money, Range=_q_range)
+    elif ptype == "uri":
+        b.update(dict.fromkeys(_URIISH | {"string"}, _u_uri))
+    return b
+
+
+def _component_json(parts: tuple[list, ...]) -> str:
+    """Compact JSON of a composite row: per component, its rows minus the code, deduped and sorted."""
+    values = []
+    for rows in parts:
+        if len(rows) == 1:
+            values.append([rows[0][1:]])
+        else:
+            values.append(sorted(dict.fromkeys(r[1:] for r in rows), key=repr))
+    return orjson.dumps(values).decode()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -607,72 +642,108 @@ def _cap(t: str) -> str:
     return t[:1].upper() + t[1:]
 
 
+def _ref_type_is(v: Any, rtype: str, refs: _RefTypes) -> bool:
+    """``where(resolve() is X)`` on a Reference: the type named by its reference string."""
+    if v.__class__ is not dict:
+        return False
+    ref = v.get("reference")
+    return ref.__class__ is str and refs[ref][0] == rtype
+
+
+def _has_ext(v: Any, url: str) -> bool:
+    exts = v.get("extension") if v.__class__ is dict else None
+    return exts.__class__ is list and any(e.__class__ is dict and e.get("url") == url for e in exts)
+
+
+Final = Callable[[str, int], None]
+
+
 class _Gen:
-    """Generates one Python function from typed walks (exec'd once per resource type and param)."""
+    """Source of one generated function: nested loops over the JSON, builder calls at the leaves."""
 
     def __init__(self) -> None:
         self.lines: list[str] = []
         self.ns: dict[str, Any] = {"_ref_type_is": _ref_type_is, "_has_ext": _has_ext}
+        self.consts: dict[int, str] = {}
         self.n = 0
+        self.hoisted: dict[str, str] = {}  # top-level key -> local holding node.get(key), read once
 
-    def var(self) -> str:
+    def emit(self, depth: int, line: str) -> None:
+        self.lines.append("    " * depth + line)
+
+    def var(self, prefix: str = "v") -> str:
         self.n += 1
-        return f"v{self.n}"
+        return f"{prefix}{self.n}"
 
     def const(self, value: Any) -> str:
-        name = f"K{len(self.ns)}"
-        self.ns[name] = value
+        name = self.consts.get(id(value))
+        if name is None:
+            name = self.consts[id(value)] = f"K{len(self.consts)}"
+            self.ns[name] = value
         return name
 
-    def walk(self, ops: tuple[tuple, ...], var: str, root: str, depth: int, final: Callable[[str, int], None]):
-        """Emit nested loops for ``ops`` starting at ``var``; ``final`` emits the innermost code."""
-        idx = max((i for i, op in enumerate(ops) if op[0] == "index"), default=-1)
-        if idx >= 0:
-            coll = self.var()
-            self.lines.append(f"{'    ' * depth}{coll} = []")
-            self.walk(ops[:idx], var, root, depth, lambda v, d: self.lines.append(f"{'    ' * d}{coll}.append({v})"))
-            n = ops[idx][1]
-            item = self.var()
-            self.lines.append(f"{'    ' * depth}if len({coll}) > {n}:")
-            self.lines.append(f"{'    ' * (depth + 1)}{item} = {coll}[{n}]")
-            self._walk_linear(ops[idx + 1 :], item, root, depth + 1, final)
-        else:
-            self._walk_linear(ops, var, root, depth, final)
+    def walk(self, ops: tuple[tuple, ...], var: str, depth: int, final: Final, simple: bool) -> None:
+        """Emit the walk of ``ops`` from ``var``; ``final(v, depth)`` emits the leaf code.
 
-    def _walk_linear(self, ops, var: str, root: str, depth: int, final: Callable[[str, int], None]) -> None:
-        ind = "    " * depth
+        ``simple`` means the leaf is one line, so it may be duplicated to avoid a loop for singletons.
+        An index step (``entry[0]``) applies to the whole collection so far, which is materialised.
+        """
+        idx = max((i for i, op in enumerate(ops) if op[0] == "index"), default=-1)
+        if idx < 0:
+            self._linear(ops, var, depth, final, simple)
+            return
+        coll = self.var("c")
+        self.emit(depth, f"{coll} = []")
+        self.walk(ops[:idx], var, depth, lambda v, d: self.emit(d, f"{coll}.append({v})"), True)
+        item = self.var()
+        self.emit(depth, f"if len({coll}) > {ops[idx][1]}:")
+        self.emit(depth + 1, f"{item} = {coll}[{ops[idx][1]}]")
+        self._linear(ops[idx + 1 :], item, depth + 1, final, simple)
+
+    def _linear(self, ops: tuple[tuple, ...], var: str, depth: int, final: Final, simple: bool) -> None:
         if not ops:
             final(var, depth)
             return
         op, rest = ops[0], ops[1:]
         kind = op[0]
         if kind == "root":
-            self._walk_linear(rest, root, root, depth, final)
+            self._linear(rest, "root", depth, final, simple)
         elif kind == "get":
-            t, x = self.var(), self.var()
-            self.lines.append(f"{ind}{t} = {var}.get({op[1]!r})")
-            self.lines.append(f"{ind}if {t} is not None:")
-            self.lines.append(f"{ind}    for {x} in ({t} if {t}.__class__ is list else ({t},)):")
-            self._walk_linear(rest, x, root, depth + 2, final)
+            if var == "node":
+                t = self.hoisted.get(op[1]) or self.hoisted.setdefault(op[1], f"h{len(self.hoisted)}")
+            else:
+                t = self.var()
+                self.emit(depth, f"{t} = {var}.get({op[1]!r})")
+            self.emit(depth, f"if {t} is not None:")
+            x = self.var()
+            if not rest and simple:
+                self.emit(depth + 1, f"if {t}.__class__ is list:")
+                self.emit(depth + 2, f"for {x} in {t}:")
+                final(x, depth + 3)
+                self.emit(depth + 1, "else:")
+                final(t, depth + 2)
+            else:
+                self.emit(depth + 1, f"for {x} in ({t} if {t}.__class__ is list else ({t},)):")
+                self._linear(rest, x, depth + 2, final, simple)
         elif kind == "ext":
             t, x = self.var(), self.var()
-            self.lines.append(f"{ind}{t} = {var}.get('extension')")
-            self.lines.append(f"{ind}if {t}.__class__ is list:")
-            self.lines.append(f"{ind}    for {x} in {t}:")
-            self.lines.append(f"{ind}        if {x}.__class__ is dict and {x}.get('url') == {op[1]!r}:")
-            self._walk_linear(rest, x, root, depth + 3, final)
+            self.emit(depth, f"{t} = {var}.get('extension')")
+            self.emit(depth, f"if {t}.__class__ is list:")
+            self.emit(depth + 1, f"for {x} in {t}:")
+            self.emit(depth + 2, f"if {x}.__class__ is dict and {x}.get('url') == {op[1]!r}:")
+            self._linear(rest, x, depth + 3, final, simple)
         elif kind == "eq":
-            self.lines.append(f"{ind}if {var}.get({op[1]!r}) == {op[2]!r}:")
-            self._walk_linear(rest, var, root, depth + 1, final)
+            self.emit(depth, f"if {var}.get({op[1]!r}) == {op[2]!r}:")
+            self._linear(rest, var, depth + 1, final, simple)
         elif kind == "resolve_is":
-            self.lines.append(f"{ind}if _ref_type_is({var}, {op[1]!r}, {self.const(op[2])}):")
-            self._walk_linear(rest, var, root, depth + 1, final)
+            self.emit(depth, f"if _ref_type_is({var}, {op[1]!r}, {self.const(op[2])}):")
+            self._linear(rest, var, depth + 1, final, simple)
         elif kind == "hasext":
-            self.lines.append(f"{ind}if _has_ext({var}, {op[1]!r}):")
-            self._walk_linear(rest, var, root, depth + 1, final)
+            self.emit(depth, f"if _has_ext({var}, {op[1]!r}):")
+            self._linear(rest, var, depth + 1, final, simple)
         elif kind == "rtype":
-            self.lines.append(f"{ind}if {var}.__class__ is dict and {var}.get('resourceType') == {op[1]!r}:")
-            self._walk_linear(rest, var, root, depth + 1, final)
+            self.emit(depth, f"if {var}.__class__ is dict and {var}.get('resourceType') == {op[1]!r}:")
+            self._linear(rest, var, depth + 1, final, simple)
         else:  # pragma: no cover - the typer only produces the kinds above
             raise AssertionError(kind)
 
@@ -684,31 +755,13 @@ class _Gen:
         return fn
 
 
-def _ref_type_is(v: Any, rtype: str, known: frozenset[str]) -> bool:
-    """``where(resolve() is X)`` on a Reference: the type named by its reference string."""
-    if v.__class__ is not dict:
-        return False
-    ref = v.get("reference")
-    return ref.__class__ is str and _split_ref_cached(ref, known)[0] == rtype
-
-
-def _has_ext(v: Any, url: str) -> bool:
-    exts = v.get("extension") if v.__class__ is dict else None
-    return exts.__class__ is list and any(e.__class__ is dict and e.get("url") == url for e in exts)
-
-
-@dataclass(slots=True)
-class _ParamPlan:
-    code: str
-    table: str
-    fn: Callable[[Any, Any], list]
-    compiled: bool
-    param: SearchParam
-
-
 @dataclass(slots=True)
 class _TypePlan:
-    params: list[_ParamPlan]
+    """Everything precomputed for one resource type."""
+
+    fn: Callable[[Any, Any], dict[str, list[tuple]]]
+    compiled: tuple[str, ...]  # param codes run as generated walkers
+    fallback: tuple[str, ...]  # param codes run through fhirpathpy
 
 
 # ------------------------------------------------------------------------------------------------
@@ -719,154 +772,178 @@ class _TypePlan:
 class Extractor:
     """Turns resources into search index rows for every applicable official R4 parameter.
 
-    Plans (generated walkers) are built lazily per resource type on its first resource.
-    ``unsupported`` lists the (type, code) pairs that get no rows, with the reason.
-    ``failures`` counts params skipped on malformed resources (a value of the wrong JSON shape).
+    The plan of a resource type (one generated function covering all its params) is built on the
+    first resource of that type. ``unsupported`` lists the (type, code) pairs that get no rows, with
+    the reason. ``failures`` counts params abandoned on malformed resources (a value of the wrong
+    JSON shape); rows that param produced before the bad value are kept, the write never fails.
     """
 
     def __init__(self, spec: Spec):
         self.spec = spec
         self._known = frozenset(spec.resource_types)
+        self._refs = _RefTypes(self._known)
         self._plans: dict[str, _TypePlan] = {}
-        self._builders = {ptype: _builders(ptype, self._known) for ptype in TABLES}
+        self._builders = {ptype: _builders(ptype, self._refs, self._known) for ptype in TABLES}
         self._type2parent: dict[str, str] | None = None
         self._binding_systems: dict[str, str | None] = {}
-        self._ext_value_types = {
-            "value" + _cap(t): t for t in spec.elements["Extension.value[x]"].types
-        }
+        self._ext_value_types = {"value" + _cap(t): t for t in spec.elements["Extension.value[x]"].types}
         self._fhirpath: _FhirpathEngine | None = None
+        self._fhirpath_fns: dict[tuple[str, str], Callable[[Any, Any, list], None]] = {}
         self.failures: Counter[tuple[str, str]] = Counter()
         self.unsupported: dict[tuple[str, str], str] = {}
-        unknown = []
+        undecided = set()
         for rt in spec.resource_types:
             for code, p in spec.search_params(rt).items():
                 if p.expression is None or p.type not in TABLES:
                     reason = UNSUPPORTED_REASONS.get(p.id)
                     if reason is None:
-                        unknown.append(p.id)
+                        undecided.add(p.id)
                     else:
                         self.unsupported[(rt, code)] = reason
-        if unknown:
-            raise RuntimeError(f"search parameters with no extraction decision: {sorted(set(unknown))}")
+        if undecided:
+            raise RuntimeError(f"search parameters with no extraction decision: {sorted(undecided)}")
 
     # -- public -----------------------------------------------------------------------------------
     def extract(self, resource: dict) -> dict[str, list[tuple]]:
-        """Index rows by table for one resource (its resourceType decides the params)."""
-        rt = resource.get("resourceType")
-        plan = self._plans.get(rt)  # type: ignore[arg-type]
+        """Index rows by table for one resource (its resourceType decides the params).
+
+        Raises ValueError when ``resourceType`` is not an R4 resource type.
+        """
+        plan = self._plans.get(resource.get("resourceType"))  # type: ignore[arg-type]
         if plan is None:
-            plan = self._plan(rt)
-        out: dict[str, list[tuple]] = {}
-        for p in plan.params:
-            try:
-                rows = p.fn(resource, resource)
-            except Exception:  # malformed JSON shape for this param: skip it, never fail the write
-                self.failures[(rt, p.code)] += 1  # type: ignore[index]
-                continue
-            if rows:
-                if len(rows) > 1:
-                    rows = list(dict.fromkeys(rows))
-                code = (p.code,)
-                t = out.get(p.table)
-                if t is None:
-                    out[p.table] = [code + r for r in rows]
-                else:
-                    t.extend([code + r for r in rows])
-        return out
+            plan = self._plan(resource.get("resourceType"))
+        return plan.fn(resource, resource)
 
-    def evaluate(self, resource: dict, code: str, *, use_fhirpath: bool = False) -> list[tuple]:
-        """Rows (without the code) of one param; ``use_fhirpath`` forces the fhirpathpy reference.
+    def evaluate(
+        self, resource: dict, *, use_fhirpath: bool = False, codes: list[str] | None = None
+    ) -> dict[str, list[tuple]]:
+        """Rows per param code (code column dropped, deduplicated), from ``extract`` or fhirpathpy.
 
-        Exists so tests can hold the compiled walkers against fhirpathpy, value by value.
+        Exists so tests can hold the generated walkers against fixed fhirpathpy, param by param.
         """
         rt = resource["resourceType"]
-        param = self.spec.search_params(rt)[code]
+        params = self.spec.search_params(rt)
+        wanted = [c for c in (codes if codes is not None else params) if (rt, c) not in self.unsupported]
+        out: dict[str, list[tuple]] = {c: [] for c in wanted}
         if use_fhirpath:
-            fn = self._fhirpath_fn(rt, param)
-        else:
-            plan = self._plans.get(rt) or self._plan(rt)
-            fn = next(p.fn for p in plan.params if p.code == code)
-        return list(dict.fromkeys(fn(resource, resource)))
+            for c in wanted:
+                rows: list[tuple] = []
+                self._fhirpath_fn(rt, params[c])(resource, resource, rows)
+                out[c] = list(dict.fromkeys(r[1:] for r in rows))
+            return out
+        for rows in self.extract(resource).values():
+            for r in rows:
+                if r[0] in out:
+                    out[r[0]].append(r[1:])
+        return out
 
-    def is_compiled(self, resource_type: str, code: str) -> bool:
-        """Whether the param runs as a generated walker (False: fhirpathpy fallback)."""
+    def plan_info(self, resource_type: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(compiled codes, fallback codes) of a resource type."""
         plan = self._plans.get(resource_type) or self._plan(resource_type)
-        return next(p.compiled for p in plan.params if p.code == code)
+        return plan.compiled, plan.fallback
+
+    def source(self, resource_type: str) -> str:
+        """The generated Python of a resource type, for reading and debugging."""
+        plan = self._plans.get(resource_type) or self._plan(resource_type)
+        return plan.fn.__source__  # type: ignore[attr-defined]
 
     def coverage(self) -> dict[str, Any]:
-        """Compiled vs fallback counts over all types (builds every plan)."""
-        compiled = fallback = 0
-        fallback_params: list[tuple[str, str]] = []
+        """Compiled vs fallback (type, param) counts over all resource types (builds every plan)."""
+        compiled: list[tuple[str, str]] = []
+        fallback: list[tuple[str, str]] = []
         for rt in self.spec.resource_types:
-            for p in self._plan_of(rt).params:
-                if p.compiled:
-                    compiled += 1
-                else:
-                    fallback += 1
-                    fallback_params.append((rt, p.code))
+            c, f = self.plan_info(rt)
+            compiled += [(rt, x) for x in c]
+            fallback += [(rt, x) for x in f]
         return {
-            "compiled": compiled,
-            "fallback": fallback,
+            "compiled": len(compiled),
+            "fallback": len(fallback),
             "unsupported": len(self.unsupported),
-            "fallback_params": fallback_params,
+            "fallback_params": fallback,
         }
 
     # -- planning ---------------------------------------------------------------------------------
-    def _plan_of(self, rt: str) -> _TypePlan:
-        return self._plans.get(rt) or self._plan(rt)
-
     def _plan(self, rt: Any) -> _TypePlan:
         if rt not in self._known:
             raise ValueError(f"not an R4 resource type: {rt!r}")
-        params: list[_ParamPlan] = []
+        gen = _Gen()
+        name = f"extract_{rt}"
+        tables = {t: f"t_{t[3:]}" for t in TABLES.values()}
+        body: list[str] = []
+        gen.lines = body
+        compiled: list[str] = []
+        fallback: list[str] = []
+        used: set[str] = set()
         for code, p in sorted(self.spec.search_params(rt).items()):
             if (rt, code) in self.unsupported:
                 continue
+            table = TABLES[p.type]
+            used.add(table)
+            out = tables[table]
+            mark = len(body)
+            gen.emit(1, "try:")
             try:
-                fn = self._compile_param(rt, p)
-                compiled = True
+                self._emit_param(gen, rt, p, out)
+                compiled.append(code)
             except _Unsupported:
-                fn = self._fhirpath_fn(rt, p)
-                compiled = False
-            params.append(_ParamPlan(code, TABLES[p.type], fn, compiled, p))
-        plan = _TypePlan(params)
+                del body[mark + 1 :]
+                gen.emit(2, f"{gen.const(self._fhirpath_fn(rt, p))}(node, root, {out})")
+                fallback.append(code)
+            gen.emit(1, "except Exception:")
+            gen.emit(2, f"fail({code!r})")
+        lines = [f"def {name}(node, root):"]
+        lines += [f"    {tables[t]} = []" for t in TABLES.values() if t in used]
+        lines += [f"    {local} = node.get({key!r})" for key, local in gen.hoisted.items()]
+        lines += body
+        lines.append("    res = {}")
+        for t in TABLES.values():
+            if t in used:
+                v = tables[t]
+                lines.append(f"    if {v}:")
+                lines.append(f"        res[{t!r}] = list(dict.fromkeys({v})) if len({v}) > 1 else {v}")
+        lines.append("    return res")
+        gen.lines = lines
+        failures = self.failures
+
+        def fail(code: str) -> None:
+            failures[(rt, code)] += 1
+
+        gen.ns["fail"] = fail
+        plan = _TypePlan(gen.function(name), tuple(compiled), tuple(fallback))
         self._plans[rt] = plan
         return plan
 
-    def _compile_param(self, rt: str, p: SearchParam) -> Callable[[Any, Any], list]:
+    def _emit_param(self, gen: _Gen, rt: str, p: SearchParam, out: str) -> None:
+        """Emit one param's walk into ``gen`` (inside its try block); raises _Unsupported."""
         assert p.expression is not None
         root_alt = _Alt((), rt, rt, None)
         alts = self._typed(_Parser(p.expression).parse(), root_alt, rt)
-        name = "p_" + re.sub(r"\W", "_", f"{rt}_{p.code}")
+        code = repr(p.code)
         if p.type != "composite":
-            gen = _Gen()
-            gen.lines.append(f"def {name}(node, root):")
-            gen.lines.append("    out = []")
-            self._emit_alts(gen, alts, p.type, 1)
-            gen.lines.append("    return out")
-            return gen.function(name)
-        # composite: per base alternative, a collector of elements and one walker per component
-        parts: list[tuple[Callable, list[Callable]]] = []
-        comps = self._components(p)
-        for i, alt in enumerate(alts):
-            gen = _Gen()
-            gen.lines.append(f"def {name}_base{i}(node, root):")
-            gen.lines.append("    out = []")
-            gen.walk(alt.ops, "node", "root", 1, lambda v, d: gen.lines.append(f"{'    ' * d}out.append({v})"))
-            gen.lines.append("    return out")
-            collect = gen.function(f"{name}_base{i}")
-            comp_fns = []
-            for j, (expr, ctype) in enumerate(comps):
-                elem_alt = _Alt((), alt.ctx, alt.type, alt.elem)
-                calts = self._typed(_Parser(expr).parse(), elem_alt, rt)
-                cg = _Gen()
-                cg.lines.append(f"def {name}_c{i}_{j}(node, root):")
-                cg.lines.append("    out = []")
-                self._emit_alts(cg, calts, ctype, 1)
-                cg.lines.append("    return out")
-                comp_fns.append(cg.function(f"{name}_c{i}_{j}"))
-            parts.append((collect, comp_fns))
-        return _composite_fn(parts)
+            self._emit_alts(gen, alts, p.type, 2, out, code)
+            if gen.lines[-1].strip() == "try:":
+                gen.emit(2, "pass")
+            return
+        comps = [(_Parser(expr).parse(), ctype) for expr, ctype in self._components(p)]
+        for alt in alts:
+            elem_alt = _Alt((), alt.ctx, alt.type, alt.elem)
+            typed = [(self._typed(paths, elem_alt, rt), ctype) for paths, ctype in comps]
+            cvars = [gen.var("p") for _ in typed]
+
+            def leaf(v: str, d: int, typed=typed, cvars=cvars) -> None:
+                # innermost first: the last component (the value) is the one most often empty
+                for j in range(len(typed) - 1, -1, -1):
+                    calts, ctype = typed[j]
+                    gen.emit(d, f"{cvars[j]} = []")
+                    self._emit_alts(gen, calts, ctype, d, cvars[j], "None", start=v)
+                    gen.emit(d, f"if {cvars[j]}:")
+                    d += 1
+                gen.emit(d, f"{out}.append(({code}, _component_json(({', '.join(cvars)},))))")
+
+            gen.walk(alt.ops, "node", 2, leaf, False)
+        gen.ns["_component_json"] = _component_json
+        if gen.lines[-1].strip() == "try:":
+            gen.emit(2, "pass")
 
     def _components(self, p: SearchParam) -> list[tuple[str, str]]:
         out = []
@@ -877,38 +954,44 @@ class Extractor:
             out.append((COMPONENT_FIXES.get((p.id, j), c.expression), sub.type))
         return out
 
-    def _emit_alts(self, gen: _Gen, alts: list[_Alt], ptype: str, depth: int) -> None:
+    def _emit_alts(
+        self, gen: _Gen, alts: list[_Alt], ptype: str, depth: int, out: str, code: str, start: str = "node"
+    ) -> None:
         for alt in alts:
-            call = self._builder_call(gen, alt, ptype)
-            if call is None:
-                continue  # a type this param type cannot index (e.g. SampledData): no rows
-            gen.walk(alt.ops, "node", "root", depth, lambda v, d, call=call: gen.lines.append(
-                f"{'    ' * d}{call.format(v)}"
-            ))
+            call = self._builder_call(gen, alt, ptype, out, code)
+            if call is not None:  # else a type this param type cannot index (e.g. SampledData)
+                gen.walk(alt.ops, start, depth, lambda v, d, call=call: gen.emit(d, call.format(v)), True)
 
-    def _builder_call(self, gen: _Gen, alt: _Alt, ptype: str) -> str | None:
+    def _builder_call(self, gen: _Gen, alt: _Alt, ptype: str, out: str, code: str) -> str | None:
         if alt.type == "Extension":
-            fn = functools.partial(self._build_extension, ptype=ptype)
-            return f"{gen.const(fn)}({{}}, out)"
+            return f"{gen.const(self._extension_builders(ptype))}({{}}, {out}, {code})"
         b = self._builders[ptype].get(alt.type)
         if b is None:
             return None
         if b is _t_prim:
             system = self._binding_system(alt.elem)
             if system is not None:
-                return f"{gen.const(b)}({{}}, out, {system!r})"
-        return f"{gen.const(b)}({{}}, out)"
+                return f"{gen.const(b)}({{}}, {out}, {code}, {system!r})"
+        return f"{gen.const(b)}({{}}, {out}, {code})"
 
-    def _build_extension(self, v: Any, out: list, ptype: str) -> None:
-        """Index an Extension by its ``value[x]`` (type from the key)."""
-        if v.__class__ is not dict:
-            return
-        for k, t in self._ext_value_types.items():
-            if k in v:
-                b = self._builders[ptype].get(t)
-                if b is not None:
-                    b(v[k], out)
+    @functools.cache  # noqa: B019 - one per extractor and param type, lives as long as the extractor
+    def _extension_builders(self, ptype: str) -> Callable[[Any, list, Any], None]:
+        builders = self._builders[ptype]
+        keys = self._ext_value_types
+
+        def build(v: Any, out: list, code: Any) -> None:
+            """An Extension is indexed by its ``value[x]`` (type from the key)."""
+            if v.__class__ is not dict:
                 return
+            for k in v:
+                t = keys.get(k)
+                if t is not None:
+                    b = builders.get(t)
+                    if b is not None:
+                        b(v[k], out, code)
+                    return
+
+        return build
 
     def _binding_system(self, elem: ElementDef | None) -> str | None:
         """The one CodeSystem of a required binding (so ``gender=<system>|male`` matches), else None."""
@@ -923,16 +1006,14 @@ class Extractor:
 
     # -- typing -----------------------------------------------------------------------------------
     def _typed(self, paths: list[_Path], ctx: _Alt, rt: str) -> list[_Alt]:
+        """Typed walks of parsed union branches, starting at ``ctx``; other types' branches dropped."""
         out: list[_Alt] = []
         for path in paths:
-            if path.start is None:
+            at_root = ctx.type == rt and not ctx.ops
+            if path.start is None or path.start == ctx.type or (at_root and path.start in _ABSTRACT):
                 alts = [ctx]
             elif path.start == "%resource":
                 alts = [_Alt((("root",),), rt, rt, None)]
-            elif path.start in (rt, "Resource", "DomainResource") and ctx.ops == () and ctx.type == rt:
-                alts = [ctx]
-            elif path.start == ctx.type:
-                alts = [ctx]
             elif path.start in self._known:
                 continue  # a union branch for another resource type
             else:
@@ -976,7 +1057,7 @@ class Extractor:
         elif kind == "resolve_is":
             if a.type != "Reference":
                 raise _Unsupported(f"resolve() on {a.type}")
-            yield _Alt((*a.ops, ("resolve_is", step[1], self._known)), a.ctx, a.type, a.elem)
+            yield _Alt((*a.ops, ("resolve_is", step[1], self._refs)), a.ctx, a.type, a.elem)
         elif kind in ("hasext", "index"):
             yield _Alt((*a.ops, step), a.ctx, a.type, a.elem)
         else:  # pragma: no cover - the parser only produces the kinds above
@@ -988,43 +1069,23 @@ class Extractor:
             from fhirpathpy.models import models
 
             self._type2parent = {**models["r4"]["type2Parent"], **_QUANTITY_PARENTS}
-        seen = 0
         cur: str | None = t
-        while cur and seen < 32:
+        for _ in range(32):
             if cur == want:
                 return True
+            if cur is None:
+                return False
             cur = self._type2parent.get(cur)
-            seen += 1
         return False
 
     # -- fhirpathpy fallback ----------------------------------------------------------------------
-    def _fhirpath_fn(self, rt: str, p: SearchParam) -> Callable[[Any, Any], list]:
-        if self._fhirpath is None:
-            self._fhirpath = _FhirpathEngine(self)
-        return self._fhirpath.param_fn(rt, p)
-
-
-def _composite_fn(parts: list[tuple[Callable, list[Callable]]]) -> Callable[[Any, Any], list]:
-    """One composite row per base element whose components all have rows."""
-
-    def composite(node: Any, root: Any) -> list:
-        out = []
-        for collect, comp_fns in parts:
-            n = len(comp_fns)
-            for elem in collect(node, root):
-                values: list = [None] * n
-                for j in range(n - 1, -1, -1):  # value components (last) are the selective ones
-                    rows = comp_fns[j](elem, root)
-                    if not rows:
-                        break
-                    if len(rows) > 1:
-                        rows = sorted(dict.fromkeys(rows), key=repr)
-                    values[j] = rows
-                else:
-                    out.append((orjson.dumps(values).decode(),))
-        return out
-
-    return composite
+    def _fhirpath_fn(self, rt: str, p: SearchParam) -> Callable[[Any, Any, list], None]:
+        fn = self._fhirpath_fns.get((rt, p.code))
+        if fn is None:
+            if self._fhirpath is None:
+                self._fhirpath = _FhirpathEngine(self)
+            fn = self._fhirpath_fns[(rt, p.code)] = self._fhirpath.param_fn(rt, p)
+        return fn
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1036,7 +1097,6 @@ _AS_FN_RE = re.compile(r"\.as\(\s*([A-Za-z]+)\s*\)")
 _SYSTEM_TYPE_ARG_RE = re.compile(r"ofType\((" + "|".join(_SYSTEM_TYPES) + r")\)")
 _RESOURCE_PREFIX_RE = re.compile(r"(?<![A-Za-z.])(?:Domain)?Resource\.")
 _LEADING_TYPE_RE = re.compile(r"^[\s(]*([A-Z][A-Za-z]*)\b")
-_INDEX_RE = re.compile(r"\[(\d+)\]$")
 
 
 def _split_union(expr: str) -> list[str]:
@@ -1074,14 +1134,14 @@ class _FhirpathEngine:
         self.fhirpathpy = fhirpathpy
         self.ResourceNode = ResourceNode
         self.model = models["r4"]
-        known = ex._known
+        refs = ex._refs
 
         def resolve(inputs: list) -> list:
             out = []
             for r in inputs:
                 ref = r.get("reference") if isinstance(r, dict) else None
                 if isinstance(ref, str):
-                    t, i = _split_ref_cached(ref, known)
+                    t, i = refs[ref]
                     if t is not None:
                         out.append(ResourceNode.create_node({"resourceType": t, "id": i}))
             return out
@@ -1125,44 +1185,42 @@ class _FhirpathEngine:
     def compile(self, rt: str, expr: str) -> list[Callable]:
         return [self.fhirpathpy.compile(b, self.model, self.options) for b in self.fix(rt, expr)]
 
-    def param_fn(self, rt: str, p: SearchParam) -> Callable[[Any, Any], list]:
+    def param_fn(self, rt: str, p: SearchParam) -> Callable[[Any, Any, list], None]:
+        """``fn(node, root, out)`` appending the param's full rows, like the generated walkers."""
         assert p.expression is not None
         branches = self.compile(rt, p.expression)
+        code = p.code
         if p.type != "composite":
             ptype = p.type
 
-            def evaluate(node: Any, root: Any) -> list:
-                out: list = []
+            def evaluate(node: Any, root: Any, out: list) -> None:
                 for fn in branches:
                     for item in fn(node, {"resource": root}):
-                        self.build(item, ptype, out)
-                return out
+                        self.build(item, ptype, out, code)
 
             return evaluate
         comps = [(self.compile(rt, expr), ctype) for expr, ctype in self.ex._components(p)]
         RN = self.ResourceNode
 
-        def composite(node: Any, root: Any) -> list:
-            out = []
+        def composite(node: Any, root: Any, out: list) -> None:
             for fn in branches:
                 for item in fn(node, {"resource": root}):
                     elem = item if isinstance(item, RN) else RN.create_node(item)
-                    values = []
+                    parts = []
                     for cfns, ctype in comps:
                         rows: list = []
                         for cfn in cfns:
                             for v in cfn(elem, {"resource": root}):
-                                self.build(v, ctype, rows)
+                                self.build(v, ctype, rows, None)
                         if not rows:
                             break
-                        values.append(sorted(dict.fromkeys(rows), key=repr))
+                        parts.append(rows)
                     else:
-                        out.append((orjson.dumps(values).decode(),))
-            return out
+                        out.append((code, _component_json(tuple(parts))))
 
         return composite
 
-    def build(self, item: Any, ptype: str, out: list) -> None:
+    def build(self, item: Any, ptype: str, out: list, code: Any) -> None:
         """Rows of one fhirpathpy result, its FHIR type taken from the node (else from its shape)."""
         ex = self.ex
         system = None
@@ -1175,15 +1233,15 @@ class _FhirpathEngine:
             value = item
             ftype = _infer_type(value, ptype, ex._known)
         if ftype == "Extension":
-            ex._build_extension(value, out, ptype)
+            ex._extension_builders(ptype)(value, out, code)
             return
         b = ex._builders[ptype].get(ftype)
         if b is None:
             return
         if system is not None and b is _t_prim:
-            _t_prim(value, out, system)
+            _t_prim(value, out, code, system)
         else:
-            b(value, out)
+            b(value, out, code)
 
     def node_type(self, node: Any, ptype: str) -> str:
         path = node.path

@@ -27,6 +27,24 @@ def iter_references(resource: dict, root: str | None = None) -> Iterator[tuple[s
                     stack.append((f"{path}[{i}]", item))
 
 
+def reference_strings(node: object, out: list[str] | None = None) -> list[str]:
+    """Every ``reference`` string in a resource, without paths: the fast form for the edge table."""
+    if out is None:
+        out = []
+    if isinstance(node, dict):
+        ref = node.get("reference")
+        if isinstance(ref, str):
+            out.append(ref)
+        for value in node.values():
+            if isinstance(value, dict | list):
+                reference_strings(value, out)
+    elif isinstance(node, list):
+        for item in node:
+            if isinstance(item, dict | list):
+                reference_strings(item, out)
+    return out
+
+
 def rewrite_references(resource: dict, fn: Callable[[str], str | None]) -> None:
     """Replace each ``reference`` string by ``fn(ref)`` when it returns a new value (in place)."""
     for _, node in list(iter_references(resource)):

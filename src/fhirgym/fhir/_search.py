@@ -58,11 +58,20 @@ class SqlParams:
 
     def __init__(self) -> None:
         self.values: dict[str, object] = {}
+        self.ctes: list[str] = []  # ``name AS (select)``, in dependency order
 
     def __call__(self, value: object) -> str:
         name = f"p{len(self.values)}"
         self.values[name] = value
         return f":{name}"
+
+    def cte(self, select: str) -> str:
+        """Name a subquery (``WITH cN AS (...)``) instead of nesting it: chains and ``_has`` three levels
+        deep nested inline overflow SQLite's parser stack (a 500), and each level would be copied into
+        both branches of :func:`merged`."""
+        name = f"c{len(self.ctes)}"
+        self.ctes.append(f"{name} AS ({select})")
+        return name
 
 
 def split_or(value: str) -> list[str]:
@@ -129,11 +138,13 @@ def _prefix(value: str) -> tuple[str, str]:
     return "eq", value
 
 
-@dataclass
+@dataclass(frozen=True)
 class Criterion:
-    """One parsed ``name[:modifier]=v1,v2`` (or chain / _has) term of a query."""
+    """One parsed ``name[:modifier]=v1,v2`` (or chain / _has) term: a SELECT of ids (column ``id``) that
+    match (``positive``) or whose complement matches (``:not``, ``:missing=true``)."""
 
-    sql: str  # a boolean SQL expression over the outer alias's ``id``
+    positive: bool
+    sql: str
 
 
 @dataclass
@@ -141,7 +152,7 @@ class SearchRequest:
     """What a search asks for, after parsing and validating the query."""
 
     rtype: str
-    where: list[str]
+    where: list[Criterion]
     count: int | None
     sort: list[tuple[str, bool]]  # (param code, descending)
     include: list[tuple[str, str, str | None, bool]]  # (source type, param, target type, iterate)
@@ -197,6 +208,12 @@ class SearchEngine:
         if key in CONTROL_PARAMS:
             self._parse_control(req, key, value)
             return
+        base, _, mod = key.partition(":")
+        if base in ("_include", "_revinclude"):
+            if mod not in ("iterate", "recurse"):  # recurse: the STU3 name of iterate
+                raise bad_request(f"Modifier ':{mod}' is not supported on {base} (only :iterate)", "not-supported")
+            (req.include if base == "_include" else req.revinclude).append(self._parse_include(base, value, True))
+            return
         if key.startswith("_has:"):
             req.where.append(self._has(rtype, key, value, req.params, 0))
             return
@@ -242,28 +259,32 @@ class SearchEngine:
             raise bad_request(f"Search control parameter '{key}' is not supported", "not-supported")
         # _pretty: accepted and ignored; _getpages handled by the server
 
-    def _parse_include(self, key: str, value: str) -> tuple[str, str, str | None, bool]:
+    def _parse_include(self, key: str, value: str, iterate: bool = False) -> tuple[str, str, str | None, bool]:
         parts = value.split(":")
         if parts[-1] in ("iterate", "recurse"):
             raise bad_request(f"{key} modifier goes on the parameter name, e.g. {key}:iterate={value}")
         if value == "*":
-            return ("*", "*", None, False)
+            if key == "_revinclude":
+                raise bad_request("_revinclude=* is not supported: name the source type, e.g. _revinclude=Provenance:*",
+                                  "not-supported")
+            return ("*", "*", None, iterate)
         if len(parts) not in (2, 3):
             raise bad_request(f"{key}={value!r}: expected SourceType:searchParam[:TargetType]")
         src, code = parts[0], parts[1]
         target = parts[2] if len(parts) == 3 else None
         if not self.spec.is_resource_type(src):
             raise bad_request(f"{key}={value!r}: unknown resource type {src}", "not-supported")
-        p = self.param(src, code)
-        if p.type != "reference":
-            raise bad_request(f"{key}={value!r}: '{code}' is not a reference parameter", "not-supported")
+        if code != "*":  # Type:* = every reference parameter of Type
+            p = self.param(src, code)
+            if p.type != "reference":
+                raise bad_request(f"{key}={value!r}: '{code}' is not a reference parameter", "not-supported")
         if target is not None and not self.spec.is_resource_type(target):
             raise bad_request(f"{key}={value!r}: unknown target type {target}", "not-supported")
-        return (src, code, target, False)
+        return (src, code, target, iterate)
 
     # -- criteria ----------------------------------------------------------------------------------
-    def _criterion(self, rtype: str, key: str, value: str, P: SqlParams, depth: int) -> str:
-        """SQL boolean over ``id`` (of rtype) for one ``name[:mod][.chain]=value`` term."""
+    def _criterion(self, rtype: str, key: str, value: str, P: SqlParams, depth: int) -> Criterion:
+        """One ``name[:mod][.chain]=value`` term as a set of ids of ``rtype`` (or its complement)."""
         if depth > _MAX_CHAIN:
             raise bad_request(f"Chain too deep in '{key}'")
         head, dot, rest = key.partition(".")
@@ -274,39 +295,50 @@ class SearchEngine:
                 raise bad_request(f"Cannot chain on non-reference parameter '{name}'")
             targets = self._chain_targets(p, modifier, rtype)
             alts = []
+            inner_code = rest.partition(".")[0].partition(":")[0]
             for target in targets:
-                try:
-                    inner = self._criterion(target, rest, value, P, depth + 1)
-                except FhirError:
-                    if len(targets) > 1:
-                        continue  # the chained parameter does not exist on this target type
-                    raise
-                inner_ids = f"SELECT id FROM ({merged('resources', f'rtype = {P(target)}')}) WHERE {inner}"
+                if len(targets) > 1 and inner_code not in self.spec.search_params(target):
+                    continue  # the chained parameter does not exist on this target type
+                # other errors (bad value, modifier, depth) are the client's to see, not a reason to skip
+                inner = self._criterion(target, rest, value, P, depth + 1)
+                inner_ids = P.cte(self.id_set(target, [inner], P))
                 ref_where = (
                     f"rtype = {P(rtype)} AND param = {P(name)} AND target_type = {P(target)} "
-                    f"AND target_id IN ({inner_ids})"
+                    f"AND target_id IN (SELECT id FROM {inner_ids})"
                 )
-                alts.append(f"id IN (SELECT id FROM ({merged('ix_reference', ref_where)}))")
+                alts.append(f"SELECT id FROM ({merged('ix_reference', ref_where, 'id')})")
             if not alts:
                 raise bad_request(f"Chained parameter '{rest}' exists on none of {', '.join(targets)}")
-            return "(" + " OR ".join(alts) + ")"
+            return Criterion(True, " UNION ".join(alts))
         values = split_or(value)
         if len(values) > _MAX_OR_VALUES:
             raise bad_request(f"Too many values for '{key}' (at most {_MAX_OR_VALUES})")
         if modifier == "missing":
             if value not in ("true", "false"):
                 raise bad_request(f"{key} must be true or false, got {value!r}")
-            sub = self._rows(rtype, p, "1", P)
-            return f"id NOT IN ({sub})" if value == "true" else f"id IN ({sub})"
+            return Criterion(value == "false", self._rows(rtype, p, "1", P))
         self._check_modifier(p, modifier, rtype)
         if p.type == "token" and modifier in ("not", "not-in"):
             positive = "in" if modifier == "not-in" else ""
             conds = [self._value_pred(rtype, p, positive, v, P) for v in values]
-            return f"id NOT IN ({self._rows(rtype, p, ' OR '.join(conds), P)})"
-        conds = [self._value_pred(rtype, p, modifier, v, P) for v in values]
+            return Criterion(False, self._rows(rtype, p, " OR ".join(f"({c})" for c in conds), P))
         if p.type == "composite":
-            return "(" + " OR ".join(conds) + ")"
-        return f"id IN ({self._rows(rtype, p, ' OR '.join(f'({c})' for c in conds), P)})"
+            return Criterion(True, " UNION ".join(self._composite_set(rtype, p, v, P) for v in values))
+        conds = [self._value_pred(rtype, p, modifier, v, P) for v in values]
+        return Criterion(True, self._rows(rtype, p, " OR ".join(f"({c})" for c in conds), P))
+
+    def id_set(self, rtype: str, criteria: list[Criterion], P: SqlParams) -> str:
+        """SELECT of the ids of ``rtype`` meeting every criterion: positive sets intersected (each from an
+        index, so the smallest drives the work), complements subtracted last."""
+        pos = [c.sql for c in criteria if c.positive]
+        neg = [c.sql for c in criteria if not c.positive]
+        if pos:
+            body = " INTERSECT ".join(f"SELECT id FROM ({s})" for s in pos)
+        else:
+            body = f"SELECT id FROM ({merged('resources', f'rtype = {P(rtype)}', 'id')})"
+        if neg:
+            body = f"SELECT id FROM ({body}) WHERE " + " AND ".join(f"id NOT IN ({s})" for s in neg)
+        return body
 
     def _rows(self, rtype: str, p: SearchParam, cond: str, P: SqlParams) -> str:
         table = TABLE_FOR_TYPE[p.type]
@@ -336,7 +368,7 @@ class SearchEngine:
                 f"Modifier ':{modifier}' is not supported for {p.type} parameter '{p.code}'", "not-supported"
             )
 
-    def _has(self, rtype: str, key: str, value: str, P: SqlParams, depth: int) -> str:
+    def _has(self, rtype: str, key: str, value: str, P: SqlParams, depth: int) -> Criterion:
         """``_has:Type:refParam:param=value``: resources referenced by matching resources of Type."""
         if depth > _MAX_CHAIN:
             raise bad_request("_has nested too deep")
@@ -353,11 +385,12 @@ class SearchEngine:
             inner = self._has(src, rest, value, P, depth + 1)
         else:
             inner = self._criterion(src, rest, value, P, depth + 1)
-        src_ids = f"SELECT id FROM ({merged('resources', f'rtype = {P(src)}')}) WHERE {inner}"
+        src_ids = P.cte(self.id_set(src, [inner], P))
         where = (
-            f"rtype = {P(src)} AND param = {P(ref_code)} AND target_type = {P(rtype)} AND id IN ({src_ids})"
+            f"rtype = {P(src)} AND param = {P(ref_code)} AND target_type = {P(rtype)} "
+            f"AND id IN (SELECT id FROM {src_ids})"
         )
-        return f"id IN (SELECT target_id FROM ({merged('ix_reference', where, 'target_id, id, rtype')}))"
+        return Criterion(True, f"SELECT target_id AS id FROM ({merged('ix_reference', where, 'target_id, id, rtype')})")
 
     # -- value predicates per type -----------------------------------------------------------------
     def _value_pred(self, rtype: str, p: SearchParam, modifier: str, raw: str, P: SqlParams,
@@ -400,8 +433,6 @@ class SearchEngine:
                 prefixes = _uri_prefixes(v)
                 return f"{col('uri')} IN ({', '.join(P(x) for x in prefixes)})"
             return f"{col('uri')} = {P(v)}"
-        if t == "composite":
-            return self._composite_pred(rtype, p, raw, P)
         raise bad_request(f"Search parameter '{p.code}' of type {t} is not supported", "not-supported")
 
     def _token_pred(self, p: SearchParam, modifier: str, raw: str, P: SqlParams, col) -> str:
@@ -526,7 +557,7 @@ class SearchEngine:
                 conds.append(f"({col('code')} = {P(code)} OR {col('unit')} = {P(code)})")
         return "(" + " AND ".join(conds) + ")"
 
-    def _composite_pred(self, rtype: str, p: SearchParam, raw: str, P: SqlParams) -> str:
+    def _composite_set(self, rtype: str, p: SearchParam, raw: str, P: SqlParams) -> str:
         values = _split_unescaped(raw, "$")
         if len(values) != len(p.components):
             raise bad_request(
@@ -542,30 +573,42 @@ class SearchEngine:
             pred = self._value_pred(rtype, sub, "", v, P, cols)
             exists.append(f"EXISTS (SELECT 1 FROM json_each(comp, '$[{k}]') c{k} WHERE {pred})")
         where = f"rtype = {P(rtype)} AND param = {P(p.code)}"
-        return f"id IN (SELECT id FROM ({merged('ix_composite', where, 'id, comp')}) WHERE {' AND '.join(exists)})"
+        return f"SELECT id FROM ({merged('ix_composite', where, 'id, comp')}) WHERE {' AND '.join(exists)}"
 
     # -- execution ---------------------------------------------------------------------------------
     def ids(self, store: Store, req: SearchRequest) -> list[str]:
         """All matching ids of ``req.rtype`` in result order."""
         P = req.params
         t = P(req.rtype)
-        where = " AND ".join(f"({w})" for w in req.where) or "1"
-        order = []
-        for code, desc in req.sort:
-            order.append(self._sort_key(req.rtype, code, desc, P))
+        where = f"rtype = {t}"
+        if req.where:
+            where += f" AND id IN (SELECT id FROM {P.cte(self.id_set(req.rtype, req.where, P))})"
+        joins, order = [], []
+        for n, (code, desc) in enumerate(req.sort):
+            direction = "DESC" if desc else "ASC"
+            if code == "_id":
+                order.append(f"r.id {direction}")
+            elif code == "_lastUpdated":
+                order.append(f"r.last_updated {direction}")
+            else:
+                joins.append(self._sort_join(req.rtype, code, desc, n, where, P))
+                # resources without a value sort last in both directions
+                order.append(f"s{n}.k IS NULL, s{n}.k {direction}")
         order.append("r.last_updated, r.id")
         sql = (
-            f"SELECT r.id FROM ({merged('resources', f'rtype = {t}', 'rtype, id, last_updated')}) r "
-            f"WHERE {where} ORDER BY {', '.join(order)}"
+            (f"WITH {', '.join(P.ctes)} " if P.ctes else "")
+            + f"SELECT r.id FROM ({merged('resources', where, 'rtype, id, last_updated')}) r "
+            + " ".join(joins)
+            + f" ORDER BY {', '.join(order)}"
         )
         return [row[0] for row in store.query(sql, P.values)]
 
-    def _sort_key(self, rtype: str, code: str, desc: bool, P: SqlParams) -> str:
-        direction = "DESC" if desc else "ASC"
-        if code == "_id":
-            return f"r.id {direction}"
-        if code == "_lastUpdated":
-            return f"r.last_updated {direction}"
+    def _sort_join(self, rtype: str, code: str, desc: bool, n: int, where: str, P: SqlParams) -> str:
+        """LEFT JOIN of one sort key per matching resource (max for descending, min for ascending).
+
+        A join over the already-restricted ids, not a correlated subquery per row: SQLite would set up
+        the layer/base union once per row, which dominates sorted searches.
+        """
         p = self.param(rtype, code)
         table = TABLE_FOR_TYPE[p.type]
         column = {
@@ -573,10 +616,11 @@ class SearchEngine:
             "ix_number": "value", "ix_quantity": "value", "ix_uri": "uri",
         }[table]
         agg = "max" if desc else "min"
-        where = f"rtype = r.rtype AND id = r.id AND param = {P(code)}"
-        key = f"(SELECT {agg}({column}) FROM ({merged(table, where, column)}))"
-        # resources without a value sort last in both directions
-        return f"{key} IS NULL, {key} {direction}"
+        keyed = f"{where} AND param = {P(code)}"
+        return (
+            f"LEFT JOIN (SELECT id, {agg}({column}) AS k FROM ({merged(table, keyed, f'id, {column}')}) GROUP BY id) "
+            f"s{n} ON s{n}.id = r.id"
+        )
 
     def fetch(self, store: Store, rtype: str, ids: list[str]) -> dict[str, bytes]:
         """JSON of the given current resources of one type (missing ones are simply absent)."""

