@@ -27,13 +27,13 @@ def bound_socket() -> socket.socket:
 class LiveServer:
     """``FhirServer`` + ``create_app`` served by uvicorn on 127.0.0.1:<ephemeral port>."""
 
-    def __init__(self, admin: bool = False, **config) -> None:
+    def __init__(self, admin: bool = False, store: Store | None = None, **config) -> None:
         self.sock = bound_socket()
         self.port = self.sock.getsockname()[1]
         self.root = f"http://127.0.0.1:{self.port}"
         self.base_url = f"{self.root}/fhir"
         cfg = ServerConfig(base_url=config.pop("base_url", self.base_url), **config)
-        self.server = FhirServer(Store(), config=cfg)
+        self.server = FhirServer(store or Store(), config=cfg)
         self.app = create_app(self.server, admin=admin)
         self._uvicorn = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="off"))
         self._thread = threading.Thread(target=self._uvicorn.run, kwargs={"sockets": [self.sock]}, daemon=True)

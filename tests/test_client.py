@@ -135,7 +135,8 @@ def _content(resp) -> dict | None:
     """A resource without server-managed meta (what a restore must bring back), or None when not live."""
     if resp.status != 200:
         return None
-    return {k: v for k, v in resp.body.items() if k != "meta"}
+    meta = {k: v for k, v in resp.body.get("meta", {}).items() if k not in ("versionId", "lastUpdated")}
+    return {**{k: v for k, v in resp.body.items() if k != "meta"}, "meta": meta}
 
 
 def _state(client, keys) -> dict:
@@ -148,8 +149,9 @@ def test_http_client_reset_undoes_exactly_its_own_changes(request, server_fixtur
     tag = uuid.uuid4().hex[:8]
     other = HttpClient(srv.base_url, track_changes=False)  # someone else's data
     ids = {name: f"{name}-{tag}" for name in ("p1", "p2", "p3", "p4", "p5", "p6", "p7", "o1", "o2")}
+    label = {"tag": [{"system": "http://example.org/tags", "code": "keep-me"}]}  # restored along with the data
     for name in ("p1", "p2", "p3", "p4", "p5", "p6", "p7"):
-        assert other.update({**patient(f"{name}-{tag}"), "id": ids[name]}).status == 201
+        assert other.update({**patient(f"{name}-{tag}"), "id": ids[name], "meta": label}).status == 201
     assert other.update({**obs(f"Patient/{ids['p1']}"), "id": ids["o1"]}).status == 201
     assert other.update({**obs(f"Patient/{ids['p2']}", "bp"), "id": ids["o2"]}).status == 201
     keys = [("Patient", ids[n]) for n in ("p1", "p2", "p3", "p4", "p5", "p6", "p7")]

@@ -21,7 +21,7 @@ import os
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from fhirgym.fhir import FhirServer, Request, Response, ServerConfig, Store
@@ -246,6 +246,14 @@ def check(server: FhirServer, req: Request) -> Response:
 
 @FUZZ
 @given(method=METHODS, path=paths, query=queries, hdrs=headers, body=bodies)
+# regressions found by this fuzzer (each was a 500)
+@example(method="POST", path="Patient/$validate", query=[], hdrs={},
+         body={"resourceType": "Parameters", "parameter": [1]})
+@example(method="POST", path="Patient/$validate", query=[], hdrs={}, body={"resourceType": "Parameters", "parameter": "x"})
+@example(method="POST", path="", query=[], hdrs={}, body={"resourceType": "Bundle", "type": "transaction", "entry": [
+    {"request": {"method": "DELETE", "url": "Patient/p1"}, "resource": True}]})
+@example(method="POST", path="Observation", query=[], hdrs={}, body={
+    "resourceType": "Observation", "status": "final", "code": {"text": "x"}, "valueQuantity": {"value": 2**70}})
 def test_any_request_is_answered_cleanly(seeded, method, path, query, hdrs, body):
     server = seeded.fresh()
     check(server, Request(method, path, query, hdrs, body))
@@ -257,12 +265,15 @@ def test_any_request_is_answered_cleanly(seeded, method, path, query, hdrs, body
        body=st.one_of(mutated_resources(), mutated_resources().map(dumps)), query=queries)
 def test_writes_with_mutated_resources(seeded, rtype, rid, method, hdrs, body, query):
     server = seeded.fresh()
-    path = rtype if method == "POST" or (query and method != "GET" and rid == "nope") else f"{rtype}/{rid}"
+    # POST creates; PUT/DELETE go to an instance, or (drawn id "nope" with a query) are conditional on the type
+    path = rtype if method == "POST" or (query and rid == "nope") else f"{rtype}/{rid}"
     check(server, Request(method, path, query if path == rtype else [], hdrs, body))
 
 
 @FUZZ
 @given(bundle=bundles(), raw=st.booleans())
+@example(bundle={"resourceType": "Bundle", "type": "transaction", "entry": [
+    {"request": {"method": "GET", "url": "Patient/p1"}, "resource": [1]}]}, raw=False)
 def test_batch_and_transaction_bundles(seeded, bundle, raw):
     server = seeded.fresh()
     resp = check(server, Request("POST", "", [], {}, dumps(bundle) if raw else bundle))

@@ -226,6 +226,14 @@ def test_history_count_and_since(client):
     _history_setup(client)
     two = client.history(params={"_count": "2"}).body
     assert two["total"] == 5 and len(two["entry"]) == 2
+    # paging through the history with next links reaches every change exactly once
+    seen = [e["response"]["etag"] + e["fullUrl"] for e in two["entry"]]
+    page = two
+    while nxt := next((lk["url"] for lk in page["link"] if lk["relation"] == "next"), None):
+        page = client.follow(nxt).body
+        seen += [e["response"]["etag"] + e["fullUrl"] for e in page["entry"]]
+    assert seen == [e["response"]["etag"] + e["fullUrl"] for e in client.history().body["entry"]]
+    assert [e["response"]["status"] for e in client.history().body["entry"]].count("201") >= 1
     assert client.history(params={"_count": "0"}).body.get("entry") is None
     all_stamps = [e["response"]["lastModified"] for e in client.history().body["entry"]]
     cut = all_stamps[2]  # the third newest change

@@ -45,6 +45,12 @@ class _Headers(dict):
         return super().get(key.lower(), default)
 
 
+def _restorable(body: dict) -> dict:
+    """A prior version to PUT back: its tags, profiles and security labels kept, server-managed meta dropped."""
+    meta = {k: v for k, v in (body.get("meta") or {}).items() if k not in ("versionId", "lastUpdated")}
+    return {**{k: v for k, v in body.items() if k != "meta"}, **({"meta": meta} if meta else {})}
+
+
 def _location_key(location: object) -> tuple[str, str] | None:
     """``(type, id)`` from a Location, absolute or relative (``[base/]Type/id[/_history/v]``)."""
     if not isinstance(location, str) or not location:
@@ -295,7 +301,7 @@ class HttpClient(FhirClient):
         # restores first (they drop references to what this client created), then deletes, newest first;
         # referential integrity can still order-constrain them, so what failed is retried while any succeeds
         ops: list[tuple[str, str, str, dict | None]] = [
-            ("PUT", t, i, {k: v for k, v in body.items() if k != "meta"}) for (t, i), body in self._prior.items() if body
+            ("PUT", t, i, _restorable(body)) for (t, i), body in self._prior.items() if body
         ]
         ops += [("DELETE", t, i, None) for t, i in reversed(self._created)]
         ops += [("DELETE", t, i, None) for (t, i), body in self._prior.items() if not body]

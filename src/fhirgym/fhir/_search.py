@@ -21,7 +21,7 @@ from ._values import date_range, normalize_string, number_range
 CONTROL_PARAMS = frozenset(
     {
         "_count", "_sort", "_include", "_revinclude", "_summary", "_total", "_elements", "_format",
-        "_pretty", "_getpages", "_getpagesoffset", "_offset", "_contained", "_containedType",
+        "_pretty", "_getpages", "_getpagesoffset", "_offset", "_contained", "_containedType", "_totalMethod",
     }
 )
 
@@ -257,6 +257,9 @@ class SearchEngine:
                 raise FhirError(406, f"Only JSON is supported (_format={value!r})", "not-supported")
         elif key in ("_contained", "_containedType", "_offset"):
             raise bad_request(f"Search control parameter '{key}' is not supported", "not-supported")
+        elif key == "_totalMethod":  # HAPI's name for _total, sent by common clients (fhirpy's count())
+            if value not in ("count", "estimated", "accurate", "none"):
+                raise bad_request(f"_totalMethod must be count, estimated, accurate or none; got {value!r}")
         # _pretty: accepted and ignored; _getpages handled by the server
 
     def _parse_include(self, key: str, value: str, iterate: bool = False) -> tuple[str, str, str | None, bool]:

@@ -238,6 +238,10 @@ class FhirServer:
     def _json_body(self, req: Request) -> dict:
         body = req.body
         if isinstance(body, dict):
+            try:  # an in-process body must be storable JSON (no 128-bit ints, sets, objects): 400, not a 500
+                orjson.dumps(body)
+            except TypeError as exc:
+                raise bad_request(f"The body is not JSON-serialisable: {exc}", "structure") from None
             return body
         if not body:
             raise bad_request("Request body is empty; a FHIR JSON resource is required", "required")
@@ -339,7 +343,7 @@ class FhirServer:
         ts = ts or self._timestamp()
         if body is None:
             return Record(rtype, rid, version, ts, method, None)
-        meta = dict(body.get("meta") or {})
+        meta = dict(body["meta"]) if isinstance(body.get("meta"), dict) else {}  # unvalidated writes: any shape
         meta["versionId"] = str(version)
         meta["lastUpdated"] = ts
         body["meta"] = meta
@@ -607,7 +611,7 @@ class FhirServer:
 
     def _remember(self, state: dict, query: list[tuple[str, str]]) -> str:
         key = hashlib.sha256(
-            orjson.dumps([state["rtype"], query, self._generation, id(self.store)])
+            orjson.dumps([state.get("rtype"), query, self._generation, id(self.store)])
         ).hexdigest()[:24]
         self._pages[key] = state
         self._pages.move_to_end(key)
@@ -631,6 +635,8 @@ class FhirServer:
         state = {**state, "count": min(count, self.config.max_count)}
         if "everything" in state:
             return Response(200, self._render_everything(token, state, offset))
+        if "history" in state:
+            return Response(200, self._render_history(token, state, offset))
         return Response(200, self._render_page(token, state, offset))
 
     def _render_page(self, token: str, state: dict, offset: int) -> dict:
@@ -644,6 +650,9 @@ class FhirServer:
         links = [{"relation": "self", "url": state["self"] if offset == 0 else self._page_url(token, offset, count)}]
         if state["summary"] == "count":
             bundle["link"] = links
+            if state["ignored"] and offset == 0:  # a count that ignored parameters must say so
+                issues = [Issue("warning", "not-supported", f"Ignored search parameter {msg}") for msg in state["ignored"]]
+                bundle["entry"] = [{"resource": operation_outcome(issues), "search": {"mode": "outcome"}}]
             return bundle
         page_ids = ids[offset : offset + count]
         if offset + count < len(ids) and count > 0:
@@ -687,7 +696,11 @@ class FhirServer:
             kept = {k: v for k, v in body.items() if k in keep_always or self._is_summary(rtype, k)}
         else:
             wanted = set(elements or [])
-            kept = {k: v for k, v in body.items() if k in keep_always or k in wanted or self._choice_name(rtype, k) in wanted}
+            # mandatory elements are kept too, as the specification asks (the result stays valid)
+            kept = {
+                k: v for k, v in body.items()
+                if k in keep_always or k in wanted or self._choice_name(rtype, k) in wanted or self._mandatory(rtype, k)
+            }
         meta = dict(kept.get("meta") or {})
         meta["tag"] = [*meta.get("tag", []), _SUBSETTED]
         kept["meta"] = meta
@@ -778,13 +791,13 @@ class FhirServer:
             except (ValueError, OverflowError, OSError):
                 raise bad_request(f"_since must be an instant, got {q['_since']!r}") from None
             conds.append("last_updated >= ?")
-            args.append(f"{since.year:04d}-" + since.strftime("%m-%dT%H:%M:%S.") + f"{since.microsecond // 1000:03d}Z")
+            args.append(format_instant(since.timestamp()))
         unknown = set(q) - {"_since", "_count", "_format", "_pretty"}
         if unknown:
             raise bad_request(f"Unsupported _history parameter(s): {', '.join(sorted(unknown))}", "not-supported")
         where = " AND ".join(conds) or "1"
         rows = self.store.query(
-            f"SELECT rtype, id, version, last_updated, method, json FROM ({history_sql(where)}) "
+            f"SELECT rtype, id, version, last_updated, method FROM ({history_sql(where)}) "
             "ORDER BY last_updated DESC, version DESC",
             args * 4,
         )
@@ -792,20 +805,33 @@ class FhirServer:
             count = self._count(int(q["_count"]) if "_count" in q else None)
         except ValueError:
             raise bad_request("_count must be an integer") from None
+        state = {"history": rows, "count": count, "self": f"{self.base}/{req.path}"}
+        token = self._remember(state, [*req.query, ("_history", req.path)])
+        return Response(200, self._render_history(token, state, 0))
+
+    def _render_history(self, token: str, state: dict, offset: int) -> dict:
+        rows = state["history"]
+        count = state["count"]
         entries = []
-        for t, i, version, lu, method, data in rows[:count]:
+        for t, i, version, lu, method in rows[offset : offset + count]:
+            found = self.store.version(t, i, version)
+            data = found[2] if found else None
             entry: dict = {"fullUrl": f"{self.base}/{t}/{i}"}
             if data is not None:
                 entry["resource"] = orjson.loads(data)
             entry["request"] = {"method": method, "url": f"{t}/{i}" if method != "POST" else t}
-            entry["response"] = {"status": "200" if data is not None else "204", "etag": _etag(version),
-                                 "lastModified": lu}
+            status = "201" if version == 1 and data is not None else "200" if data is not None else "204"
+            entry["response"] = {"status": status, "etag": _etag(version), "lastModified": lu}
             entries.append(entry)
-        bundle = {"resourceType": "Bundle", "type": "history", "total": len(rows),
-                  "link": [{"relation": "self", "url": f"{self.base}/{req.path}"}]}
+        links = [{"relation": "self", "url": state["self"] if offset == 0 else self._page_url(token, offset, count)}]
+        if count > 0 and offset + count < len(rows):
+            links.append({"relation": "next", "url": self._page_url(token, offset + count, count)})
+        if count > 0 and offset > 0:
+            links.append({"relation": "previous", "url": self._page_url(token, max(0, offset - count), count)})
+        bundle = {"resourceType": "Bundle", "type": "history", "total": len(rows), "link": links}
         if entries:
             bundle["entry"] = entries
-        return Response(200, bundle)
+        return bundle
 
     # -- operations ----------------------------------------------------------------------------------
     def _validate_op(self, req: Request, rtype: str, rid: str | None) -> Response:
