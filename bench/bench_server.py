@@ -110,6 +110,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--patients", type=int, default=10)
     ap.add_argument("--runs", type=int, default=50)
+    ap.add_argument("--peer-runs", type=int, default=5, help="runs per query against sekmet-fhir (slow)")
     ap.add_argument("--no-sekmet", action="store_true")
     args = ap.parse_args()
 
@@ -176,12 +177,13 @@ def main() -> None:
     family = patient_res["name"][0]["family"]
     (system, code), _ = codes.most_common(1)[0]
     queries = [
-        ("patient-scoped: Observation?patient&code", "Observation", [("patient", pid), ("code", f"{system}|{code}")]),
+        ("patient-scoped: Observation?patient&code", "Observation",
+         [("patient", pid), ("code", f"{system}|{code}"), ("_count", "50")]),
         ("patient-scoped: latest Observation", "Observation", [("patient", pid), ("_sort", "-date"), ("_count", "1")]),
-        ("patient-scoped: Condition?patient", "Condition", [("patient", pid)]),
+        ("patient-scoped: Condition?patient", "Condition", [("patient", pid), ("_count", "50")]),
         ("chained: Observation?patient.family&code", "Observation",
-         [("patient.family", family), ("code", f"{system}|{code}")]),
-        ("chained: Encounter?patient.family", "Encounter", [("patient.family", family)]),
+         [("patient.family", family), ("code", f"{system}|{code}"), ("_count", "50")]),
+        ("chained: Encounter?patient.family", "Encounter", [("patient.family", family), ("_count", "50")]),
     ]
     raw_sql = {
         0: ("SELECT r.json FROM resources r WHERE r.rtype='Observation' AND r.id IN ("
@@ -275,7 +277,8 @@ def main() -> None:
                     if r.json().get("total") != totals[name]:
                         print(f"  NOTE {name}: sekmet total {r.json().get('total')} vs ours {totals[name]}")
                     results[name]["sekmet-fhir over HTTP"] = timed(
-                        lambda rtype=rtype, sq=sq: http.get(f"{url}/{rtype}", params=sq), args.runs)
+                        lambda rtype=rtype, sq=sq: http.get(f"{url}/{rtype}", params=sq), args.peer_runs)
+                    print(f"  sekmet {name}: p50 {results[name]['sekmet-fhir over HTTP'][0]:.1f} ms", flush=True)
         finally:
             proc.terminate()
             proc.wait()

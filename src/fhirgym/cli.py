@@ -67,5 +67,68 @@ def fhir_get(path: str, url: str | None, base: Path | None) -> None:
     sys.exit(0 if resp.status < 400 else 1)
 
 
+@main.group()
+def world() -> None:
+    """Build, inspect and import synthetic worlds."""
+
+
+def _print_info(info) -> None:
+    click.echo(f"world: {info.path}")
+    if info.seed is not None:
+        click.echo(f"seed {info.seed}, {info.patients} patients, anchor date {info.anchor}, "
+                   f"generator v{info.generator_version}")
+    click.echo(f"sha256 {info.sha256}")
+    width = max((len(t) for t in info.counts), default=10)
+    for rtype, n in sorted(info.counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        click.echo(f"  {rtype:<{width}}  {n:>8,}")
+    click.echo(f"  {'total':<{width}}  {info.total:>8,}")
+
+
+@world.command("build")
+@click.option("--seed", default=42, show_default=True, type=int, envvar="FHIRGYM_SEED")
+@click.option("--patients", default=100, show_default=True, type=int)
+@click.option("--anchor-date", default=None, help="The world's 'today' (YYYY-MM-DD); default 2025-06-02.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Where to write the world file.")
+@click.option("--no-cache", is_flag=True, help="Rebuild even if this world is cached.")
+@click.option("--workers", default=2, show_default=True, type=int, help="Processes for validation/indexing.")
+def world_build(seed: int, patients: int, anchor_date: str | None, out: Path | None, no_cache: bool,
+                workers: int) -> None:
+    """Build a seeded world (Synthea + generators), validated, as one base file (cached)."""
+    from .world import DEFAULT_ANCHOR, WorldBuildError, build_world
+
+    try:
+        info = build_world(seed, patients, anchor_date or DEFAULT_ANCHOR, out, use_cache=not no_cache,
+                           workers=workers)
+    except WorldBuildError as err:
+        click.echo(err.report.summary(limit=50), err=True)
+        sys.exit(1)
+    _print_info(info)
+    click.echo(f"{'loaded from cache' if info.cached else 'built'} in {info.build_seconds:.1f} s")
+
+
+@world.command("show")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+def world_show(path: Path) -> None:
+    """Print a world's manifest and its resource counts per type."""
+    from .world import world_info
+
+    _print_info(world_info(path))
+
+
+@world.command("import")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--workers", default=2, show_default=True, type=int)
+def world_import(paths: tuple[Path, ...], out: Path, workers: int) -> None:
+    """Build a world from FHIR Bundles (.json) or NDJSON files (e.g. your own Synthea output)."""
+    from .world import import_world
+
+    info, report = import_world(list(paths), out, workers)
+    click.echo(report.summary(limit=50))
+    if info is None:
+        sys.exit(1)
+    _print_info(info)
+
+
 if __name__ == "__main__":
     main()

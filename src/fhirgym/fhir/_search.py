@@ -74,6 +74,12 @@ class SqlParams:
         return name
 
 
+def check_format(value: str) -> None:
+    """``_format``: JSON in any of its spellings; anything else is 406."""
+    if value not in ("json", "application/json", "application/fhir+json", "application/json+fhir"):
+        raise FhirError(406, f"Only JSON is supported (_format={value!r})", "not-supported")
+
+
 def split_or(value: str) -> list[str]:
     """Split a parameter value on unescaped commas; ``\\,`` ``\\$`` ``\\|`` ``\\\\`` are escapes."""
     parts: list[str] = []
@@ -253,13 +259,12 @@ class SearchEngine:
                 raise bad_request(f"_total must be none, estimate or accurate; got {value!r}")
             req.total = value
         elif key == "_format":
-            if value not in ("json", "application/json", "application/fhir+json"):
-                raise FhirError(406, f"Only JSON is supported (_format={value!r})", "not-supported")
+            check_format(value)
         elif key in ("_contained", "_containedType", "_offset"):
             raise bad_request(f"Search control parameter '{key}' is not supported", "not-supported")
-        elif key == "_totalMethod":  # HAPI's name for _total, sent by common clients (fhirpy's count())
-            if value not in ("count", "estimated", "accurate", "none"):
-                raise bad_request(f"_totalMethod must be count, estimated, accurate or none; got {value!r}")
+        elif key == "_totalMethod" and value not in ("count", "estimated", "accurate", "none"):
+            # HAPI's name for _total, sent by common clients (fhirpy's count()); valid values pass
+            raise bad_request(f"_totalMethod must be count, estimated, accurate or none; got {value!r}")
         # _pretty: accepted and ignored; _getpages handled by the server
 
     def _parse_include(self, key: str, value: str, iterate: bool = False) -> tuple[str, str, str | None, bool]:

@@ -25,7 +25,7 @@ import orjson
 from ..spec import Spec, load_spec
 from ._errors import FhirError, Issue, bad_request, invalid_resource, not_found, operation_outcome
 from ._refs import iter_references, reference_strings, rewrite_references
-from ._search import SearchEngine, SearchRequest
+from ._search import SearchEngine, check_format
 from ._store import Record, Store, history_sql
 from ._values import split_reference
 
@@ -162,7 +162,7 @@ class FhirServer:
         parts = path.split("/") if path else []
         for key, value in req.query:
             if key == "_format":
-                self.search_engine._parse_control(SearchRequest("", [], None, [], [], [], None, None, ""), key, value)
+                check_format(value)
         if not parts:
             if method == "POST":
                 return self._bundle(self._json_body(req))

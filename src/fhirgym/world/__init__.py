@@ -1,6 +1,38 @@
-"""Synthetic clinical worlds: generation (seeded, reproducible) and loading into the server's store."""
+"""Synthetic clinical worlds: seeded, reproducible generation, validation, caching and import.
 
+A world is an immutable SQLite base file for the embedded server (open isolated stores on it with
+``info.snapshot().open()``), built from Synthea records plus our administrative, scheduling, billing
+and genetics generators.
+"""
+
+from ._build import (
+    DEFAULT_ANCHOR,
+    GENERATOR_VERSION,
+    ValidationReport,
+    WorldBuildError,
+    WorldInfo,
+    build_world,
+    flatten_bundles,
+    import_world,
+    world_info,
+)
+from ._context import WorldContext
 from ._demo import demo_world
 from ._synthea import bundle_resources, repair_bundle, synthea_bundles
 
-__all__ = ["bundle_resources", "demo_world", "repair_bundle", "synthea_bundles"]
+__all__ = [
+    "DEFAULT_ANCHOR",
+    "GENERATOR_VERSION",
+    "ValidationReport",
+    "WorldBuildError",
+    "WorldContext",
+    "WorldInfo",
+    "build_world",
+    "bundle_resources",
+    "demo_world",
+    "flatten_bundles",
+    "import_world",
+    "repair_bundle",
+    "synthea_bundles",
+    "world_info",
+]

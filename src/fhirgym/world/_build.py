@@ -1,0 +1,235 @@
+"""Building a world: Synthea clinical records + our generators → one validated, immutable base file.
+
+A world is a SQLite base file (see :mod:`fhirgym.fhir`) with a manifest in its ``meta`` table: seed,
+size, anchor date, generator version, counts per type and a content hash. The same arguments give a
+byte-identical file: Synthea runs with the seed and the anchor as its reference date, every other
+random choice comes from the seed (:class:`WorldContext`), ids are deterministic, and the store's
+clock is frozen at the anchor. Builds are cached by (seed, size, anchor, generator version).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from pathlib import Path
+
+import orjson
+
+from ..fhir import FhirServer, Issue, ServerConfig, Snapshot, Store
+from ..fhir._refs import rewrite_references
+from ..spec import cache_dir
+from ._context import WorldContext
+from ._synthea import repair_bundle, synthea_bundles
+
+#: Bump whenever any generator's output changes: cached worlds of older versions are not reused.
+GENERATOR_VERSION = 1
+DEFAULT_ANCHOR = date(2025, 6, 2)  # a Monday
+#: Synthea resource types not kept in a world: billing artefacts no task uses, which would be a fifth
+#: of the data and of the build time.
+DROPPED_TYPES = frozenset({"Claim", "ExplanationOfBenefit", "Provenance"})
+META_KEY = "fhirgym.world"
+
+
+class WorldBuildError(RuntimeError):
+    """The generated data did not pass validation; the report says exactly what failed."""
+
+    def __init__(self, report: ValidationReport) -> None:
+        super().__init__(report.summary())
+        self.report = report
+
+
+@dataclass
+class ValidationReport:
+    """What the server's own validation says about a set of resources before they become a world."""
+
+    checked: int = 0
+    invalid: list[tuple[str, list[Issue]]] = field(default_factory=list)  # ("Type/id", issues)
+    dangling: list[Issue] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.invalid and not self.dangling
+
+    def summary(self, limit: int = 10) -> str:
+        lines = [f"validated {self.checked} resources: {len(self.invalid)} invalid, "
+                 f"{len(self.dangling)} dangling references"]
+        for key, issues in self.invalid[:limit]:
+            lines.append(f"  {key}: " + "; ".join(f"{i.diagnostics} ({', '.join(i.expression)})" for i in issues[:3]))
+        lines.extend(f"  {d.diagnostics}" for d in self.dangling[:limit])
+        return "\n".join(lines)
+
+
+@dataclass
+class WorldInfo:
+    path: Path
+    seed: int | None
+    patients: int | None
+    anchor: str | None
+    generator_version: int | None
+    counts: dict[str, int]
+    sha256: str
+    build_seconds: float | None = None
+    cached: bool = False
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(self.path)
+
+
+def _anchor(value: date | str) -> date:
+    return value if isinstance(value, date) else date.fromisoformat(value)
+
+
+def cache_path(seed: int, patients: int, anchor: date) -> Path:
+    return cache_dir() / "worlds" / f"world-v{GENERATOR_VERSION}-s{seed}-p{patients}-a{anchor.isoformat()}.db"
+
+
+def flatten_bundles(bundles: list[dict]) -> list[dict]:
+    """Resources of transaction/collection Bundles with ``urn:uuid`` references turned into ``Type/id``.
+
+    Resources keep their ids (Synthea's are seeded); a resource repeated across bundles (shared
+    organisations, practitioners) is kept once.
+    """
+    mapping: dict[str, str] = {}
+    for b in bundles:
+        for e in b.get("entry", []):
+            r = e.get("resource") or {}
+            if e.get("fullUrl") and r.get("id"):
+                mapping[e["fullUrl"]] = f"{r['resourceType']}/{r['id']}"
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for b in bundles:
+        for e in b.get("entry", []):
+            r = e.get("resource")
+            if not isinstance(r, dict):
+                continue
+            key = (r.get("resourceType"), r.get("id"))
+            if key[1] is not None:
+                if key in seen:
+                    continue
+                seen.add(key)
+            r = orjson.loads(orjson.dumps(r))
+            rewrite_references(r, mapping.get)
+            out.append(r)
+    return out
+
+
+def validate_resources(server: FhirServer, resources: list[dict]) -> ValidationReport:
+    """Validate everything (not fail-fast), so one build or import reports every problem at once."""
+    report = ValidationReport(checked=len(resources))
+    for r in resources:
+        issues = [i for i in server.validator.validate(r) if i.severity in ("error", "fatal")]
+        if issues:
+            report.invalid.append((f"{r.get('resourceType')}/{r.get('id')}", issues))
+    return report
+
+
+def generate_resources(seed: int, patients: int, anchor: date) -> list[dict]:
+    """All resources of a world, in a deterministic order (Synthea first, then each generator)."""
+    from . import _admin, _clinical, _genetics
+
+    bundles = synthea_bundles(seed, patients, anchor.strftime("%Y%m%d"))
+    clinical = [r for r in flatten_bundles(bundles) if r["resourceType"] not in DROPPED_TYPES]
+    ctx = WorldContext(seed=seed, anchor=anchor)
+    ctx.add(clinical)
+    for generator in (_clinical, _admin, _genetics):
+        ctx.add(generator.generate(ctx))
+    return ctx.resources
+
+
+def store_world(resources: list[dict], path: Path, manifest: dict, workers: int = 2,
+                anchor: date | None = None) -> ValidationReport:
+    """Validate, load and export resources as a base file at ``path`` (nothing written if invalid)."""
+    frozen = datetime.combine(anchor or DEFAULT_ANCHOR, datetime.min.time(), tzinfo=UTC)
+    store = Store()
+    server = FhirServer(store, config=ServerConfig(id_seed=manifest.get("seed") or 0, clock=lambda: frozen))
+    report = validate_resources(server, resources)
+    if report.invalid:
+        return report
+    report.dangling = server.load(resources, validate=False, workers=workers)
+    if report.dangling:
+        return report
+    manifest = {**manifest, "counts": store.counts()}
+    store.set_meta(META_KEY, orjson.dumps(manifest, option=orjson.OPT_SORT_KEYS).decode())
+    store.export(path)
+    store.close()
+    return report
+
+
+def build_world(seed: int = 42, patients: int = 100, anchor_date: date | str = DEFAULT_ANCHOR,
+                out: str | Path | None = None, use_cache: bool = True, workers: int = 2) -> WorldInfo:
+    """Build (or fetch from the cache) the world for these arguments; copy it to ``out`` if given."""
+    anchor = _anchor(anchor_date)
+    cached = cache_path(seed, patients, anchor)
+    t0 = time.perf_counter()
+    was_cached = use_cache and cached.is_file()
+    if not was_cached:
+        resources = generate_resources(seed, patients, anchor)
+        manifest = {"seed": seed, "patients": patients, "anchor": anchor.isoformat(),
+                    "generator_version": GENERATOR_VERSION}
+        report = store_world(resources, cached, manifest, workers, anchor)
+        if not report.ok:
+            raise WorldBuildError(report)
+    target = cached
+    if out is not None:
+        target = Path(out)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.resolve() != cached.resolve():
+            shutil.copyfile(cached, target)
+    info = world_info(target)
+    info.build_seconds = time.perf_counter() - t0
+    info.cached = was_cached
+    return info
+
+
+def world_info(path: str | Path) -> WorldInfo:
+    """Manifest and live counts of a world (or any base file)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no world file at {path}")
+    store = Store(base=path)
+    try:
+        raw = store.get_meta(META_KEY)
+        counts = store.counts()
+    finally:
+        store.close()
+    manifest = orjson.loads(raw) if raw else {}
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return WorldInfo(path, manifest.get("seed"), manifest.get("patients"), manifest.get("anchor"),
+                     manifest.get("generator_version"), counts, digest)
+
+
+def import_world(paths: list[str | Path], out: str | Path, workers: int = 2) -> tuple[WorldInfo | None, ValidationReport]:
+    """A world from FHIR Bundles (``.json``) or NDJSON files; invalid input is reported, not stored.
+
+    Synthea's one known R4 violation is repaired first (:func:`repair_bundle`); anything else invalid
+    or dangling fails the import with the full report.
+    """
+    bundles: list[dict] = []
+    loose: list[dict] = []
+    for p in map(Path, paths):
+        files = sorted(p.rglob("*")) if p.is_dir() else [p]
+        for f in files:
+            if f.suffix == ".ndjson":
+                loose.extend(orjson.loads(line) for line in f.read_bytes().splitlines() if line.strip())
+            elif f.suffix == ".json":
+                data = orjson.loads(f.read_bytes())
+                if data.get("resourceType") == "Bundle":
+                    bundles.append(repair_bundle(data))
+                else:
+                    loose.append(data)
+    resources = flatten_bundles([*bundles, {"entry": [{"resource": r} for r in loose]}])
+    counts = Counter(r.get("resourceType") for r in resources)
+    manifest = {"imported_from": [str(p) for p in paths], "generator_version": GENERATOR_VERSION,
+                "input_counts": dict(sorted(counts.items()))}
+    report = store_world(resources, Path(out), manifest, workers)
+    if not report.ok:
+        return None, report
+    return world_info(out), report
