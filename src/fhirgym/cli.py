@@ -22,7 +22,7 @@ def main() -> None:
               help="SQLite file that keeps the data (default: in memory, gone at exit).")
 @click.option("--base", "base", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Read-only world/base file to serve on top of (writes go to --db or memory).")
-@click.option("--demo", is_flag=True, help="Serve a small seeded Synthea demo world (built and cached on first use).")
+@click.option("--demo", is_flag=True, help="Serve a 10-patient seeded world (built and cached on first use).")
 @click.option("--lenient", is_flag=True, help="Ignore unknown search parameters by default (strict otherwise).")
 @click.option("--no-referential-integrity", is_flag=True, help="Accept references to resources that do not exist.")
 @click.option("--admin", is_flag=True, help="Expose POST /admin/snapshot and /admin/reset (off by default).")
@@ -34,10 +34,10 @@ def serve(host: str, port: int, db: Path | None, base: Path | None, demo: bool, 
     from .fhir import FhirServer, ServerConfig, Store, create_app
 
     if demo:
-        from .world import demo_world
+        from .world import build_world
 
-        click.echo("preparing the demo world (first run: ~15 s) ...", err=True)
-        base = demo_world()
+        click.echo("preparing the demo world (10 patients; built once, then cached) ...", err=True)
+        base = build_world(seed=42, patients=10).path
     store = Store(base=base, path=db)
     config = ServerConfig(base_url=f"http://{host}:{port}/fhir", lenient_search=lenient,
                           referential_integrity=not no_referential_integrity)
@@ -103,7 +103,9 @@ def world_build(seed: int, patients: int, anchor_date: str | None, out: Path | N
         click.echo(err.report.summary(limit=50), err=True)
         sys.exit(1)
     _print_info(info)
-    click.echo(f"{'loaded from cache' if info.cached else 'built'} in {info.build_seconds:.1f} s")
+    stages = ", ".join(f"{k} {v:.1f} s" for k, v in info.timings.items())
+    click.echo(f"{'loaded from cache' if info.cached else 'built'} in {info.build_seconds:.1f} s"
+               + (f" ({stages})" if stages else ""))
 
 
 @world.command("show")

@@ -139,7 +139,8 @@ class Store:
     """Resources, history, search-index rows and reference edges in layered SQLite.
 
     ``base``: path of a read-only base database (None: empty). ``path``: where the writable layer lives
-    (None: in memory; a file path makes the store persistent, e.g. ``fhirgym serve --db``).
+    (None: in memory, up to SQLite's 1 GiB limit for such databases — plenty for an episode; a file path
+    makes the store persistent, e.g. ``fhirgym serve --db``, and is what large builds use).
     Thread-safe: one lock serialises use of the connection.
     """
 
@@ -148,6 +149,7 @@ class Store:
         base: str | os.PathLike | None = None,
         path: str | os.PathLike | None = None,
         snapshot: Snapshot | None = None,
+        durable: bool = True,
     ) -> None:
         self.base = Path(base).resolve() if base else None
         self.path = Path(path) if path else None
@@ -167,8 +169,12 @@ class Store:
         elif self.path is None:
             conn.deserialize(_empty_layer())
         else:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
+            if durable:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+            else:  # a scratch file (e.g. a world being built, discarded on failure): no journal, no fsync
+                conn.execute("PRAGMA journal_mode=OFF")
+                conn.execute("PRAGMA synchronous=OFF")
             for stmt in _schema():
                 conn.execute(stmt)
         if self.base is not None:
@@ -229,14 +235,18 @@ class Store:
         fd, tmp = tempfile.mkstemp(prefix=target.name, suffix=".part", dir=target.parent)
         os.close(fd)
         try:
+            # tables first, indexes after the rows are in: one sorted build per index, not row-by-row
             out = sqlite3.connect(tmp, isolation_level=None)
-            out.execute("PRAGMA journal_mode=OFF")
             for stmt in _schema():
-                out.execute(stmt)
+                if stmt.startswith("CREATE TABLE"):
+                    out.execute(stmt)
             out.close()
             with self.lock:
                 self.conn.execute("ATTACH DATABASE ? AS dest", (tmp,))
                 try:
+                    # a fresh file that is discarded on failure needs no journal or fsyncs
+                    self.conn.execute("PRAGMA dest.journal_mode=OFF")
+                    self.conn.execute("PRAGMA dest.synchronous=OFF")
                     self.conn.execute("BEGIN")
                     cols = "rtype, id, version, last_updated, method, deleted, json"
                     self.conn.execute(
@@ -260,9 +270,16 @@ class Store:
                 finally:
                     self.conn.execute("DETACH DATABASE dest")
             fin = sqlite3.connect(tmp, isolation_level=None)
+            fin.execute("PRAGMA journal_mode=OFF")
+            fin.execute("PRAGMA synchronous=OFF")
+            for stmt in _schema():
+                if stmt.startswith("CREATE INDEX"):
+                    fin.execute(stmt)
             fin.execute("ANALYZE")
-            fin.execute("VACUUM")
+            fin.commit()
             fin.close()
+            with open(tmp, "rb+") as fh:  # the one fsync: the file is complete before it is renamed
+                os.fsync(fh.fileno())
             os.replace(tmp, target)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -303,6 +320,8 @@ class Store:
                 yield
             except BaseException:
                 self._depth -= 1
+                if not self.conn.in_transaction:
+                    raise  # SQLite already rolled back (e.g. disk full): the original error is the one to see
                 if self._depth == 0:
                     self.conn.execute("ROLLBACK")
                 else:

@@ -17,7 +17,6 @@ from ._build import (
     world_info,
 )
 from ._context import WorldContext
-from ._demo import demo_world
 from ._synthea import bundle_resources, repair_bundle, synthea_bundles
 
 __all__ = [
@@ -29,7 +28,6 @@ __all__ = [
     "WorldInfo",
     "build_world",
     "bundle_resources",
-    "demo_world",
     "flatten_bundles",
     "import_world",
     "repair_bundle",

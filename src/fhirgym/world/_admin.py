@@ -10,7 +10,7 @@ Synthea gives patients and their clinical history; the scheduling and insurance 
   one Schedule per role and 30-minute Slots;
 - Appointments consistent with the slots, RelatedPersons (spouse, parent), Coverages and Accounts.
 
-Conventions, chosen so that every task has exactly one defensible answer:
+Conventions, chosen so that the tasks' answers are well defined:
 
 - **Time is UTC.** Clinic wall-clock hours are written as UTC instants (a 09:00 slot is
   ``…T09:00:00Z``, made by ``ctx.instant``): "at 10" in a task means ``T10:00:00Z``, the prompt's
@@ -27,11 +27,18 @@ Conventions, chosen so that every task has exactly one defensible answer:
 - **Slots and appointments agree.** A slot is ``busy`` iff exactly one booked, arrived, fulfilled or
   noshow Appointment references it, with the same start and end. Cancelled appointments keep their
   slot reference and the slot is ``free`` again; waitlist appointments have no slot, only a
-  ``requestedPeriod``. A patient has at most one appointment per day.
-- **Deliberate ambiguity** (requirement 5): three pairs of practitioners share a full name
-  (differing by specialty, by city, or both), every busy slot has free slots of other doctors at
-  the same instant, retired practitioners and ended roles stay on file, one Appointment and one
-  Coverage are ``entered-in-error``, replaced coverages are ``cancelled``.
+  ``requestedPeriod``. A patient holds at most one slot per day.
+- **Deliberate ambiguity** (requirement 5): three pairs of practitioners share a full name (one
+  pair differs only by specialty, one only by city, one by specialty, city and gender); busy slots
+  stand beside free slots of same-specialty doctors at the same instant; retired practitioners and
+  the ended roles of doctors who moved stay on file; one Appointment (a duplicate of a real booking,
+  same slot) and one Coverage (wrong payer) are ``entered-in-error``; replaced coverages are
+  ``cancelled``.
+- **Every case in every world.** Even a world of a few patients holds what the tasks need: someone
+  uninsured, a RelatedPerson subscriber, accounts with a patient, a RelatedPerson or no guarantor,
+  patients with several future appointments (different doctors, exactly one on a Monday),
+  waitlisted and cancelled appointments, and speakers of Spanish, Portuguese, Chinese, Vietnamese
+  and Haitian Creole.
 - **Names never collide by accident**: practitioner names avoid Synthea's (and each other's) except
   for the deliberate pairs; insurers reuse Synthea's payer Organization of the same name when there is
   one (it gains the ``pay`` type) instead of creating a second "Aetna".
@@ -44,10 +51,14 @@ about insurance (and "patient without coverage" exists); if they stay, patients 
 from __future__ import annotations
 
 import copy
+import gc
 import random
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date, timedelta
+
+import orjson
 
 from ._context import WorldContext
 
@@ -144,6 +155,7 @@ NAMES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
     "ar": (("Layla", "Nadia", "Rania", "Yasmin"), ("Omar", "Karim", "Samir", "Tariq"),
            ("Haddad", "Khoury", "Nasser", "Saleh", "Mansour")),
 }
+GUARANTEED_LANGUAGES = ("pt", "ht", "zh", "vi", "es")
 ORIGIN_WEIGHTS = {"en": 40, "es": 14, "zh": 8, "hi": 8, "vi": 6, "pt": 6, "ht": 6, "ko": 4, "ar": 4}
 
 
@@ -205,7 +217,7 @@ class Insurer:
     name: str  # Synthea's payer names, so that its Organization is reused rather than duplicated
     public: bool
     phone: str
-    member_format: str  # '#' digit, 'A' letter, 'X' letter or digit
+    member_format: str  # '#' a digit, '@' a letter, '*' either; anything else is literal
     plans: tuple[Plan, ...]
     supplemental: Plan | None = None
 
@@ -220,7 +232,7 @@ INSURERS = (
     Insurer("UnitedHealthcare", False, "800-555-0103", "9########",
             (Plan("UHC-CP", "UnitedHealthcare Choice Plus", "PPO"), Plan("UHC-NAV", "UnitedHealthcare Navigate HMO", "HMO"))),
     Insurer("Cigna Health", False, "800-555-0104", "U########01", (Plan("CIG-OAP", "Cigna Open Access Plus", "POS"),)),
-    Insurer("Medicare", True, "800-555-0105", "#AX#AX#AA##", (Plan("MCR-AB", "Original Medicare Parts A and B", "PUBLICPOL"),)),
+    Insurer("Medicare", True, "800-555-0105", "#@*#@*#@@##", (Plan("MCR-AB", "Original Medicare Parts A and B", "PUBLICPOL"),)),
     Insurer("Medicaid", True, "800-555-0106", "1##########", (Plan("MH-STD", "MassHealth Standard", "PUBLICPOL"),)),
 )
 PRIVATE_WEIGHTS = {"Aetna": 3, "Blue Cross Blue Shield": 4, "UnitedHealthcare": 2, "Cigna Health": 2}
@@ -274,9 +286,9 @@ def _format(rng: random.Random, pattern: str) -> str:
     for ch in pattern:
         if ch == "#":
             out.append(str(rng.randrange(10)))
-        elif ch == "A":
+        elif ch == "@":
             out.append(rng.choice(letters))
-        elif ch == "X":
+        elif ch == "*":
             out.append(rng.choice(letters + "0123456789"))
         else:
             out.append(ch)
@@ -291,6 +303,11 @@ def _npi(rng: random.Random) -> str:
         d = int(ch) * (2 if i % 2 == 0 else 1)
         total += d - 9 if d > 9 else d
     return base + str((10 - total % 10) % 10)
+
+
+def _domain(site: Site) -> str:
+    """``bhpc.org`` for Beacon Hill Primary Care."""
+    return "".join(w[0] for w in site.name.split() if w[0].isupper()).lower() + ".org"
 
 
 def _age(birth: date, on: date) -> int:
@@ -365,7 +382,6 @@ class _Patient:
 class _Person:
     """A patient's spouse or parent (a RelatedPerson once built)."""
 
-    kind: str  # "spouse" | "parent"
     resource: dict | None = None
 
 
@@ -375,7 +391,7 @@ class _InsurancePlan:
     insured: bool = False
     insurer: Insurer | None = None
     subscriber: str = "self"  # "self" | "spouse" | "parent"
-    relatives: dict[str, _Person] = field(default_factory=dict)
+    relatives: dict[str, _Person] = field(default_factory=dict)  # by kind: "spouse" | "parent"
     previous: bool = False  # a cancelled coverage it replaced
     secondary: bool = False
     account: bool = False
@@ -386,6 +402,14 @@ class _Builder:
     def __init__(self, ctx: WorldContext) -> None:
         self.ctx = ctx
         self.out: dict[str, list[dict]] = defaultdict(list)
+        self._instants: dict[tuple[date, int], str] = {}
+
+    def at(self, day: date, minute: int) -> str:
+        """``ctx.instant`` for a minute of the day, memoised: every doctor shares the same grid."""
+        key = (day, minute)
+        if key not in self._instants:
+            self._instants[key] = self.ctx.instant(day, minute // 60, minute % 60)
+        return self._instants[key]
 
     def new(self, rtype: str, **fields: object) -> dict:
         resource = {"resourceType": rtype, "id": self.ctx.new_id(f"admin.{rtype}"), **fields}
@@ -403,6 +427,16 @@ def generate(ctx: WorldContext) -> list[dict]:
     Deterministic in (``ctx.seed``, ``ctx.anchor``, the resources already in ``ctx``). Amends only the
     type of Synthea's insurer Organizations (adds ``pay``). See the module docstring for conventions.
     """
+    paused = gc.isenabled()
+    gc.disable()  # ~15k new dicts would trigger full collections over the whole (large) Synthea heap
+    try:
+        return _generate(ctx)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _generate(ctx: WorldContext) -> list[dict]:
     b = _Builder(ctx)
     patients = _patients(ctx)
     sites = _organizations(ctx, b)
@@ -501,15 +535,15 @@ class _Spec:
     origin: str | None = None
 
 
-#: The same-name pairs: (female/male, given/family candidates, (specialty, city, languages) for each).
-#: The first candidate name not already used by Synthea is taken.
+#: The same-name pairs: (candidate names, (gender, specialty, city, languages) of each member). The
+#: first candidate name Synthea does not already use is taken.
 PAIRS = (
-    ("female", (("Maria", "Garcia"), ("Ana", "Rodriguez"), ("Lucia", "Martinez")),
-     (("cardiology", "Boston", ("en", "es")), ("dermatology", "Boston", ("en", "es")))),  # differ by specialty
-    ("male", (("David", "Nguyen"), ("Michael", "Tran"), ("Daniel", "Pham")),
-     (("general", "Boston", ("en", "vi")), ("general", "Lowell", ("en",)))),  # differ by city
-    ("female", (("Jordan", "Lee"), ("Taylor", "Kim"), ("Morgan", "Chen")),
-     (("pediatrics", "Cambridge", ("en", "zh")), ("orthopedics", "Worcester", ("en",)))),  # differ by both
+    ((("Maria", "Garcia"), ("Ana", "Rodriguez"), ("Lucia", "Martinez")),  # differ by specialty only
+     (("female", "cardiology", "Boston", ("en", "es")), ("female", "dermatology", "Boston", ("en", "es")))),
+    ((("David", "Nguyen"), ("Michael", "Tran"), ("Daniel", "Pham")),  # differ by city only
+     (("male", "general", "Boston", ("en", "vi")), ("male", "general", "Lowell", ("en",)))),
+    ((("Jordan", "Lee"), ("Taylor", "Kim"), ("Morgan", "Chen")),  # differ by specialty, city and gender
+     (("female", "pediatrics", "Cambridge", ("en", "zh")), ("male", "orthopedics", "Worcester", ("en",)))),
 )
 #: Distractors around "a female Spanish-speaking cardiologist in Boston" (the first pair's cardiologist).
 DISTRACTORS = (
@@ -526,20 +560,25 @@ def _practitioners(ctx: WorldContext, b: _Builder, sites: dict[str, tuple[Site, 
     for pr in ctx.of_type("Practitioner"):
         used.add(tuple(s.casefold() for s in _person_name(pr)))  # type: ignore[arg-type]
     specs: list[_Spec] = []
-    for gender, candidates, members in PAIRS:
+    for candidates, members in PAIRS:
         name = next((n for n in candidates if (n[0].casefold(), n[1].casefold()) not in used), None)
         if name is None:  # every candidate taken by Synthea: the pair is skipped rather than tripled
             continue
         used.add((name[0].casefold(), name[1].casefold()))
-        specs += [_Spec(spec, gender, city, name, langs) for spec, city, langs in members]
+        specs += [_Spec(spec, gender, city, name, langs) for gender, spec, city, langs in members]
     specs += DISTRACTORS
     quota = dict(BASE_COUNTS)
     for extra in rng.choices(list(EXTRA_WEIGHTS), weights=list(EXTRA_WEIGHTS.values()), k=n_active - 24):
         quota[extra] += 1
     for s in specs:
         quota[s.specialty] -= 1
-    for key in SPECIALTIES:
-        specs += [_Spec(key)] * max(0, quota[key])
+    drawn = [_Spec(key) for key in SPECIALTIES for _ in range(max(0, quota[key]))]
+    rng.shuffle(drawn)
+    # every language a task may ask for is spoken by someone (and by more than one, in larger worlds)
+    for n, lang in enumerate(GUARANTEED_LANGUAGES[:len(drawn)]):
+        langs = ("en", lang, "fr") if lang == "ht" else ("en", lang)
+        drawn[n] = _Spec(drawn[n].specialty, languages=langs, origin=lang)
+    specs += drawn
     retired = [_Spec(rng.choice(("cardiology", "general", "pediatrics")), city="Boston")
                for _ in range(max(1, n_active // 30))]
     movers = max(1, n_active // 30)
@@ -561,6 +600,7 @@ def _practitioners(ctx: WorldContext, b: _Builder, sites: dict[str, tuple[Site, 
                      practitioner=_ref(doc.practitioner, doc.name), organization=_ref(org, org["name"]),
                      location=[_ref(loc, loc["name"])], code=[_cc(PRACTITIONER_ROLE, "doctor", "Doctor")],
                      specialty=[_specialty_cc(doc.specialty)])
+        doc.role["period"]["start"] = (end + timedelta(days=rng.randint(1, 60))).isoformat()
         doctors.append(_Doctor(doc.practitioner, role, None, doc.specialty, site, loc, doc.name))
     return doctors
 
@@ -602,7 +642,7 @@ def _doctor(ctx: WorldContext, b: _Builder, rng: random.Random, spec: _Spec,
         name=[{"use": "official", "family": family, "given": [given], "prefix": ["Dr."]}],
         telecom=[{"system": "phone", "value": site.phone, "use": "work"},
                  {"system": "email", "use": "work",
-                  "value": f"{given[0].lower()}.{family.lower().replace(' ', '')}@{site.name.split()[0].lower()}-health.org"}],
+                  "value": f"{given[0].lower()}.{family.lower().replace(' ', '')}@{_domain(site)}"}],
         address=[copy.deepcopy(loc["address"])], gender=gender, birthDate=birth.isoformat(),
         communication=[_cc(BCP47, code, LANGUAGES[code], LANGUAGES[code]) for code in languages],
     )
@@ -632,7 +672,7 @@ def _template(ctx: WorldContext, rng: random.Random, doc: _Doctor) -> None:
     """The doctor's weekly pattern: days, sessions, admin hour, urgent slots, one possible day off."""
     doc.days = tuple(range(5)) if rng.random() < 0.65 else tuple(sorted(rng.sample(range(5), rng.choice((3, 4)))))
     shape = rng.random()
-    if shape < 0.65 or doc.specialty.key in ("general", "pediatrics") and shape < 0.8:
+    if shape < 0.65 or (doc.specialty.key in ("general", "pediatrics") and shape < 0.8):
         doc.am, doc.pm = (rng.choice((480, 510, 540)), LUNCH), (rng.choice((780, 810)), rng.choice((960, 990, 1020)))
     elif shape < 0.9:
         doc.am = (rng.choice((480, 510, 540)), LUNCH)
@@ -671,6 +711,14 @@ def _schedule(ctx: WorldContext, b: _Builder, doc: _Doctor) -> None:
     doc.schedule = sched
     if not active:
         return
+    templates = {}
+    for urgent in (False, True):
+        template = {"resourceType": "Slot", "id": "", "schedule": _ref(sched), "status": "free", "start": "",
+                    "end": "", "serviceType": [_service_cc(s)], "specialty": [_specialty_cc(s)],
+                    "appointmentType": _appt_type("EMERGENCY" if urgent else "ROUTINE")}
+        if urgent:
+            template["comment"] = "Reserved for urgent same-day visits"
+        templates[urgent] = orjson.dumps(template)
     for offset in range(-HISTORY_DAYS, FUTURE_DAYS):
         day = ctx.day(offset)
         if day.weekday() not in doc.days:
@@ -680,33 +728,30 @@ def _schedule(ctx: WorldContext, b: _Builder, doc: _Doctor) -> None:
             last = (doc.pm or doc.am)[1]  # type: ignore[index]
             _block(ctx, b, doc, day, offset, first, last, "Out of office")
             continue
-        for session in (doc.am, doc.pm):
+        for part, session in (("am", doc.am), ("pm", doc.pm)):
             if session is None:
                 continue
             start, end = session
-            if session is doc.pm and day.weekday() == doc.admin_day:
+            admin = part == "pm" and day.weekday() == doc.admin_day
+            if admin:
                 end -= 60
             for n, minute in enumerate(range(start, end, SLOT_MINUTES)):
                 urgent = doc.urgent and n == 0
-                slot = b.new("Slot", schedule=_ref(sched), status="free",
-                             start=ctx.instant(day, minute // 60, minute % 60),
-                             end=ctx.instant(day, (minute + SLOT_MINUTES) // 60, (minute + SLOT_MINUTES) % 60),
-                             serviceType=[_service_cc(s)], specialty=[_specialty_cc(s)],
-                             appointmentType=_appt_type("EMERGENCY" if urgent else "ROUTINE"))
-                if urgent:
-                    slot["comment"] = "Reserved for urgent same-day visits"
+                slot = orjson.loads(templates[urgent])  # a fresh copy: no two slots share a sub-object
+                slot["id"] = ctx.new_id("admin.Slot")
+                slot["start"], slot["end"] = b.at(day, minute), b.at(day, minute + SLOT_MINUTES)
+                b.out["Slot"].append(slot)
                 doc.slots.append(_Slot(slot, day, offset, minute, urgent, True))
-            if session is doc.am and doc.pm:
+            if part == "am" and doc.pm:
                 _block(ctx, b, doc, day, offset, LUNCH, doc.pm[0], "Lunch break")
-            if session is doc.pm and day.weekday() == doc.admin_day:
+            if admin:
                 _block(ctx, b, doc, day, offset, end, end + 60, "Administrative time")
 
 
 def _block(ctx: WorldContext, b: _Builder, doc: _Doctor, day: date, offset: int, start: int, end: int,
            why: str) -> None:
     slot = b.new("Slot", schedule=_ref(doc.schedule), status="busy-unavailable",  # type: ignore[arg-type]
-                 start=ctx.instant(day, start // 60, start % 60), end=ctx.instant(day, end // 60, end % 60),
-                 comment=why)
+                 start=b.at(day, start), end=b.at(day, end), comment=why)
     doc.slots.append(_Slot(slot, day, offset, start, False, False))
 
 
@@ -798,6 +843,7 @@ class _Booker:
             code, display = rng.choice(CANCEL_REASONS)
             res["cancelationReason"] = _cc(CANCEL_REASON, code, display)
             res["participant"][0 if code.startswith("pat") else 1]["status"] = "declined"
+            slot.bookable = False  # free again, but not re-booked here: one slot, one story
         else:
             slot.resource["status"] = "busy"
             p.busy_days.add(slot.day)
@@ -834,28 +880,36 @@ def _appointments(ctx: WorldContext, b: _Builder, patients: list[_Patient], doct
         for _ in range(rng.choice((0, 0, 1, 1, 1, 2))):  # the last two weeks
             roll = rng.random()
             status = "fulfilled" if roll < 0.8 else "noshow" if roll < 0.87 else "cancelled"
-            doc = home if rng.random() < 0.6 else bk.pick_doctor(p)
-            appt = bk.book(p, doc, -HISTORY_DAYS, -1, status)
-            if appt and status == "fulfilled" and appt["start"][:10] == ctx.day(-1).isoformat() and rng.random() < 0.4:
-                appt["status"] = "arrived"  # yesterday's visit nobody closed
+            bk.book(p, home if rng.random() < 0.6 else bk.pick_doctor(p), -HISTORY_DAYS, -1, status)
         if id(p) in multi:
-            first = bk.pick_doctor(p)
-            bk.book(p, first, 1, 27, weekday=0)
-            others = [home, *(bk.pick_doctor(p) for _ in range(3))]
-            booked = 1
-            for doc in others:
-                if booked >= rng.choice((2, 3)) or doc is first:
-                    continue
-                if bk.book(p, doc, 0, FUTURE_DAYS - 1, avoid_weekday=0):
-                    booked += 1
+            seen: list[_Doctor] = []  # each appointment with a different doctor
+            for doc in [bk.pick_doctor(p) for _ in range(6)] + [home]:
+                if bk.book(p, doc, 1, 27, weekday=0):
+                    seen.append(doc)
+                    break
+            target = rng.choice((2, 3))
+            for doc in [home, *(bk.pick_doctor(p) for _ in range(5))]:
+                if len(seen) < target and doc not in seen and bk.book(p, doc, 0, FUTURE_DAYS - 1, avoid_weekday=0):
+                    seen.append(doc)
         else:
             for _ in range(rng.choice((0, 1, 1, 1, 2))):
                 doc = home if rng.random() < 0.5 else bk.pick_doctor(p)
                 bk.book(p, doc, 0, FUTURE_DAYS - 1)
-        if rng.random() < 0.25:  # urgent same-day/next-days visit with the home doctor
-            bk.book(p, home, 0, 3, urgent=True)
+            if rng.random() < 0.25:  # an urgent visit with the home doctor in the next days
+                bk.book(p, home, 0, 3, urgent=True)
         if rng.random() < 0.15:
             bk.book(p, bk.pick_doctor(p), 0, FUTURE_DAYS - 1, status="cancelled")
+    if living and not any(a["status"] == "cancelled" for a in b.out["Appointment"]):
+        for p in rng.sample(living, len(living)):  # at least one cancellation whose slot is free again
+            if bk.book(p, bk.pick_doctor(p), 0, FUTURE_DAYS - 1, status="cancelled"):
+                break
+    # the last clinic day's visits are not all closed yet: some still say "arrived"
+    done = [a for a in b.out["Appointment"] if a["status"] == "fulfilled"]
+    if done:
+        last = max(a["start"][:10] for a in done)
+        recent = [a for a in done if a["start"][:10] == last]
+        for a in [a for a in recent if rng.random() < 0.4] or [max(recent, key=lambda a: a["start"])]:
+            a["status"] = "arrived"
     waiting = rng.sample(living, min(len(living), max(2, round(0.1 * len(living)))))
     for p in waiting:
         bk.waitlist(p, bk.pick_doctor(p))
@@ -912,11 +966,11 @@ def _insurance(ctx: WorldContext, b: _Builder, patients: list[_Patient], insurer
 def _plan(rng: random.Random, p: _Patient) -> _InsurancePlan:
     plan = _InsurancePlan(p, insured=rng.random() < 0.85)
     if p.age < 18:
-        plan.relatives["parent"] = _Person("parent")
+        plan.relatives["parent"] = _Person()
     elif p.married and rng.random() < 0.7:
-        plan.relatives["spouse"] = _Person("spouse")
+        plan.relatives["spouse"] = _Person()
     elif p.age < 26 and rng.random() < 0.5:
-        plan.relatives["parent"] = _Person("parent")
+        plan.relatives["parent"] = _Person()
     if p.age >= 65:
         plan.insurer = next(i for i in INSURERS if i.name == "Medicare")
         plan.secondary = rng.random() < 0.3
@@ -944,41 +998,69 @@ def _plan(rng: random.Random, p: _Patient) -> _InsurancePlan:
 
 
 def _ensure_variety(plans: list[_InsurancePlan]) -> None:
-    """Make the insurance & billing tasks possible in any world with a few living patients: someone
-    uninsured, an insured patient without an account, and accounts guaranteed by the patient, by a
-    RelatedPerson and by nobody (for a patient who has a RelatedPerson to name)."""
+    """Make the insurance & billing tasks possible in any world with a few living patients.
+
+    Needed: someone uninsured, a coverage whose subscriber is a RelatedPerson, an insured patient
+    without an account, and accounts guaranteed by a RelatedPerson, by nobody (for a patient who has a
+    RelatedPerson to name) and by the patient. Each need is met by an existing plan when one fits,
+    else by changing a plan that no earlier need has claimed.
+    """
     if len(plans) < 3:
         return
-    adults = sorted(plans, key=lambda pl: (pl.patient.age < 18, pl.subscriber != "self", pl.account))
-    pinned: set[int] = set()
-    if all(pl.insured for pl in plans):
-        victim = adults[0]
-        victim.insured = False
-        pinned.add(id(victim))
-    if not any(pl.insured and not pl.account for pl in plans):
-        pick = next((pl for pl in adults if pl.insured and id(pl) not in pinned), None)
-        if pick:
-            pick.account, pick.guarantor = False, None
-            pinned.add(id(pick))
-    accounts = [pl for pl in plans if pl.account]
-    free = [pl for pl in plans if id(pl) not in pinned]
-    if not any(pl.guarantor in ("spouse", "parent") for pl in accounts):
-        pick = next((pl for pl in free if pl.relatives), None)
-        if pick:
-            pick.account, pick.guarantor = True, pick.subscriber if pick.subscriber != "self" else next(iter(pick.relatives))
-            pinned.add(id(pick))
-            free.remove(pick)
-    if not any(pl.account and pl.guarantor is None for pl in plans):
-        pick = next((pl for pl in free if pl.relatives and not pl.account), None) or next(
-            (pl for pl in free if pl.relatives), None) or (free[0] if free else None)
-        if pick:
-            pick.account, pick.guarantor = True, None
-            pinned.add(id(pick))
-            free.remove(pick)
-    if not any(pl.account and pl.guarantor == "patient" for pl in plans):
-        pick = next((pl for pl in free if pl.patient.age >= 18), None)
-        if pick:
-            pick.account, pick.guarantor = True, "patient"
+    claimed: set[int] = set()
+
+    def claim(fits: Callable[[_InsurancePlan], bool], fallback: list[_InsurancePlan],
+              change: Callable[[_InsurancePlan], None]) -> None:
+        found = next((pl for pl in plans if id(pl) not in claimed and fits(pl)), None)
+        if found is None:
+            found = next((pl for pl in fallback if id(pl) not in claimed), None)
+            if found is None:
+                return
+            change(found)
+        claimed.add(id(found))
+
+    def related_guarantor(pl: _InsurancePlan) -> None:
+        pl.account = True
+        pl.guarantor = pl.subscriber if pl.subscriber != "self" else next(iter(pl.relatives))
+
+    def set_account(guarantor: str | None) -> Callable[[_InsurancePlan], None]:
+        def change(pl: _InsurancePlan) -> None:
+            pl.account, pl.guarantor = True, guarantor
+        return change
+
+    def drop_account(pl: _InsurancePlan) -> None:
+        pl.account, pl.guarantor = False, None
+
+    def uninsure(pl: _InsurancePlan) -> None:
+        pl.insured = False
+
+    def add_relative(pl: _InsurancePlan) -> None:
+        pl.relatives["spouse" if pl.patient.married else "parent"] = _Person()
+
+    def could_depend(pl: _InsurancePlan) -> bool:  # on a spouse's plan, or on a parent's until 26
+        return pl.insured and pl.patient.age < 65 and (pl.patient.married or pl.patient.age < 26)
+
+    for pl in sorted((pl for pl in plans if not pl.relatives), key=lambda pl: (not pl.patient.married, pl.patient.age)):
+        if sum(bool(q.relatives) for q in plans) >= 2:  # two needs below each want a RelatedPerson
+            break
+        add_relative(pl)
+    if not any(pl.insured and pl.subscriber != "self" for pl in plans):
+        pick = next((pl for pl in plans if could_depend(pl) and pl.relatives), None) or next(
+            (pl for pl in plans if could_depend(pl)), None)
+        if pick:  # a dependant on a family member's employer plan
+            if not pick.relatives:
+                add_relative(pick)
+            pick.insurer = next(i for i in INSURERS if i.name == "Blue Cross Blue Shield")
+            pick.subscriber = next(iter(pick.relatives))
+    plain = sorted(plans, key=lambda pl: (pl.patient.age < 18, bool(pl.relatives), pl.subscriber != "self"))
+    with_relatives = [pl for pl in plans if pl.relatives]
+    adults = [pl for pl in plain if pl.patient.age >= 18]
+    claim(lambda pl: not pl.insured and not pl.relatives, [pl for pl in plain if pl.subscriber == "self"], uninsure)
+    claim(lambda pl: pl.insured and not pl.account and not pl.relatives, [pl for pl in plain if pl.insured],
+          drop_account)
+    claim(lambda pl: pl.account and pl.guarantor in pl.relatives, with_relatives, related_guarantor)
+    claim(lambda pl: pl.account and pl.guarantor is None and bool(pl.relatives), with_relatives, set_account(None))
+    claim(lambda pl: pl.account and pl.guarantor == "patient", adults, set_account("patient"))
 
 
 def _related_person(ctx: WorldContext, b: _Builder, rng: random.Random, p: _Patient, kind: str) -> dict:

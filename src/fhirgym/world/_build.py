@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -28,9 +29,10 @@ from ._synthea import repair_bundle, synthea_bundles
 #: Bump whenever any generator's output changes: cached worlds of older versions are not reused.
 GENERATOR_VERSION = 1
 DEFAULT_ANCHOR = date(2025, 6, 2)  # a Monday
-#: Synthea resource types not kept in a world: billing artefacts no task uses, which would be a fifth
-#: of the data and of the build time.
-DROPPED_TYPES = frozenset({"Claim", "ExplanationOfBenefit", "Provenance"})
+#: Synthea resource types not kept in a world: billing artefacts no task uses (a fifth of the data and
+#: of the build time), and Synthea's lifelong Coverages, which only those artefacts refer to; the
+#: admin generator writes coverage that insurance tasks can rely on (incl. uninsured patients).
+DROPPED_TYPES = frozenset({"Claim", "ExplanationOfBenefit", "Provenance", "Coverage"})
 META_KEY = "fhirgym.world"
 
 
@@ -74,6 +76,7 @@ class WorldInfo:
     sha256: str
     build_seconds: float | None = None
     cached: bool = False
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per build stage
 
     @property
     def total(self) -> int:
@@ -131,35 +134,58 @@ def validate_resources(server: FhirServer, resources: list[dict]) -> ValidationR
     return report
 
 
-def generate_resources(seed: int, patients: int, anchor: date) -> list[dict]:
+def generate_resources(seed: int, patients: int, anchor: date, timings: dict[str, float] | None = None
+                       ) -> list[dict]:
     """All resources of a world, in a deterministic order (Synthea first, then each generator)."""
     from . import _admin, _clinical, _genetics
 
+    timings = timings if timings is not None else {}
+    t = time.perf_counter()
     bundles = synthea_bundles(seed, patients, anchor.strftime("%Y%m%d"))
     clinical = [r for r in flatten_bundles(bundles) if r["resourceType"] not in DROPPED_TYPES]
+    timings["synthea"] = time.perf_counter() - t
+    t = time.perf_counter()
     ctx = WorldContext(seed=seed, anchor=anchor)
     ctx.add(clinical)
     for generator in (_clinical, _admin, _genetics):
         ctx.add(generator.generate(ctx))
+    timings["generators"] = time.perf_counter() - t
     return ctx.resources
 
 
 def store_world(resources: list[dict], path: Path, manifest: dict, workers: int = 2,
-                anchor: date | None = None) -> ValidationReport:
+                anchor: date | None = None, timings: dict[str, float] | None = None) -> ValidationReport:
     """Validate, load and export resources as a base file at ``path`` (nothing written if invalid)."""
     frozen = datetime.combine(anchor or DEFAULT_ANCHOR, datetime.min.time(), tzinfo=UTC)
-    store = Store()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="fhirgym-build-", dir=path.parent) as tmp:
+        # a scratch file, not memory: in-memory SQLite databases stop at 1 GiB, a 100-patient world is larger
+        store = Store(path=Path(tmp) / "build.db", durable=False)
+        try:
+            return _store_world(store, resources, path, manifest, workers, frozen, timings)
+        finally:
+            store.close()
+
+
+def _store_world(store: Store, resources: list[dict], path: Path, manifest: dict, workers: int,
+                 frozen: datetime, timings: dict[str, float] | None) -> ValidationReport:
     server = FhirServer(store, config=ServerConfig(id_seed=manifest.get("seed") or 0, clock=lambda: frozen))
+    timings = timings if timings is not None else {}
+    t = time.perf_counter()
     report = validate_resources(server, resources)
+    timings["validate"] = time.perf_counter() - t
     if report.invalid:
         return report
+    t = time.perf_counter()
     report.dangling = server.load(resources, validate=False, workers=workers)
+    timings["index+load"] = time.perf_counter() - t
     if report.dangling:
         return report
     manifest = {**manifest, "counts": store.counts()}
     store.set_meta(META_KEY, orjson.dumps(manifest, option=orjson.OPT_SORT_KEYS).decode())
+    t = time.perf_counter()
     store.export(path)
-    store.close()
+    timings["export"] = time.perf_counter() - t
     return report
 
 
@@ -170,11 +196,12 @@ def build_world(seed: int = 42, patients: int = 100, anchor_date: date | str = D
     cached = cache_path(seed, patients, anchor)
     t0 = time.perf_counter()
     was_cached = use_cache and cached.is_file()
+    timings: dict[str, float] = {}
     if not was_cached:
-        resources = generate_resources(seed, patients, anchor)
+        resources = generate_resources(seed, patients, anchor, timings)
         manifest = {"seed": seed, "patients": patients, "anchor": anchor.isoformat(),
                     "generator_version": GENERATOR_VERSION}
-        report = store_world(resources, cached, manifest, workers, anchor)
+        report = store_world(resources, cached, manifest, workers, anchor, timings)
         if not report.ok:
             raise WorldBuildError(report)
     target = cached
@@ -186,6 +213,7 @@ def build_world(seed: int = 42, patients: int = 100, anchor_date: date | str = D
     info = world_info(target)
     info.build_seconds = time.perf_counter() - t0
     info.cached = was_cached
+    info.timings = timings
     return info
 
 

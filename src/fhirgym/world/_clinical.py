@@ -14,7 +14,7 @@ Question answering over MIMIC-shaped FHIR (ANCHORS.md §2–3) and the FHIR-Agen
   address and identifiers, with a small record of their own); a few entered-in-error records
   (a mistyped Observation, a Condition charted on the wrong patient, a duplicate MedicationRequest)
   placed right after the real latest record so a naive "latest value" read picks them; and one
-  inactive Patient.
+  living Patient with ``active: false`` (Synthea already sets it for the dead).
 
 Every feature draws from its own ``ctx.rng`` stream and id stream, so changing one never moves the
 others. Dates come from ``ctx.anchor``; nothing reads the wall clock.
@@ -131,20 +131,37 @@ def display_name(patient: dict) -> str:
 class Directory:
     """Who works where: Organizations, their Locations and practitioners, built once from ``ctx``."""
 
-    orgs: list[dict]
-    location_of: dict[str, dict]  # organization id -> its first Location
-    practitioners: dict[str, dict]  # id -> Practitioner
-    roles: list[dict]  # PractitionerRoles in ctx order
+    orgs: list[dict]  # one per id, in ctx order
+    location_of: dict[str, dict]  # organization id -> its first top-level Location
+    copies: dict[str, list[dict]]  # Location id -> every copy in ctx (Synthea repeats shared resources)
+    practitioners: dict[str, dict]  # id -> active Practitioner
+    #: (practitioner id, organization id, lower-cased specialty and code texts) per PractitionerRole
+    roles: list[tuple[str, str | None, str]]
+    _found: dict[tuple, list[dict]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, ctx: WorldContext) -> Directory:
         location_of: dict[str, dict] = {}
+        copies: dict[str, list[dict]] = defaultdict(list)
         for loc in ctx.of_type("Location"):
+            copies[loc["id"]].append(loc)
             org_id = ref_id(loc.get("managingOrganization"))
             if org_id and org_id not in location_of and not loc.get("partOf"):
                 location_of[org_id] = loc
-        return cls(list(ctx.of_type("Organization")), location_of,
-                   {p["id"]: p for p in ctx.of_type("Practitioner")}, list(ctx.of_type("PractitionerRole")))
+        orgs = list({o["id"]: o for o in reversed(ctx.of_type("Organization"))}.values())[::-1]
+        # only people in post at the anchor: retired doctors and ended roles stay on file but order nothing
+        practitioners = {p["id"]: p for p in ctx.of_type("Practitioner") if p.get("active", True)}
+        today = ctx.anchor.isoformat()
+        roles = []
+        for role in ctx.of_type("PractitionerRole"):
+            pid = ref_id(role.get("practitioner"))
+            ended = role.get("period", {}).get("end", "9999")[:10] < today
+            if pid in practitioners and role.get("active", True) and not ended:
+                concepts = [*role.get("specialty", []), *role.get("code", [])]
+                texts = [c.get("text", "") for c in concepts]
+                texts += [cd.get("display", "") for c in concepts for cd in c.get("coding", [])]
+                roles.append((pid, ref_id(role.get("organization")), " | ".join(texts).lower()))
+        return cls(orgs, location_of, copies, practitioners, roles)
 
     def hospitals(self) -> list[dict]:
         """Organizations Synthea marks as hospitals (identifier ``hospital-…``) or typed as such."""
@@ -152,29 +169,24 @@ class Directory:
 
     def practitioners_where(self, words: Iterable[str], org_id: str | None = None) -> list[dict]:
         """Practitioners whose role's specialty or code mentions one of ``words`` (case-insensitive)."""
-        words = [w.lower() for w in words]
-        found: dict[str, dict] = {}
-        for role in self.roles:
-            if org_id is not None and ref_id(role.get("organization")) != org_id:
-                continue
-            texts = [c.get("text", "") for c in [*role.get("specialty", []), *role.get("code", [])]]
-            texts += [cd.get("display", "") for c in [*role.get("specialty", []), *role.get("code", [])]
-                      for cd in c.get("coding", [])]
-            if any(w in t.lower() for t in texts for w in words):
-                pid = ref_id(role.get("practitioner"))
-                if pid in self.practitioners:
+        key = (tuple(w.lower() for w in words), org_id)
+        if key not in self._found:
+            found: dict[str, dict] = {}
+            for pid, org, text in self.roles:
+                if (org_id is None or org == org_id) and any(w in text for w in key[0]):
                     found.setdefault(pid, self.practitioners[pid])
-        return list(found.values())
+            self._found[key] = list(found.values())
+        return self._found[key]
 
     def pick_practitioner(self, rng: Random, words: Iterable[str] = (), org_id: str | None = None) -> dict | None:
         """A practitioner with a matching role (at ``org_id`` if possible), else any; None if there are none."""
         words = list(words)
         for pool in (self.practitioners_where(words, org_id) if words and org_id else [],
                      self.practitioners_where(words) if words else [],
-                     list(self.practitioners.values())):
+                     self.practitioners_where(("",))):  # "" matches every role: anyone with a role
             if pool:
                 return rng.choice(pool)
-        return None
+        return rng.choice(list(self.practitioners.values())) if self.practitioners else None
 
 
 def _is_hospital(org: dict) -> bool:
@@ -194,9 +206,10 @@ class PatientIndex:
         index = cls()
         for rtype in types:
             for r in ctx.of_type(rtype):
-                pid = ref_id(r.get("subject") or r.get("patient"))
-                if pid:
-                    index.by_patient[pid][rtype].append(r)
+                subject = r.get("subject") or r.get("patient") or {}
+                value = subject.get("reference", "")
+                if value.startswith("Patient/"):
+                    index.by_patient[value[8:]][rtype].append(r)
         return index
 
     def get(self, patient_id: str, rtype: str) -> list[dict]:
@@ -210,7 +223,7 @@ def generate(ctx: WorldContext) -> list[dict]:
     """Amend Synthea resources in ``ctx`` in place and return the new ones (Medications, stays, ambiguity)."""
     out = medication_references(ctx)
     directory = Directory.of(ctx)
-    index = PatientIndex.of(ctx, ("Encounter", "Observation", "Condition", "MedicationRequest"))
+    index = PatientIndex.of(ctx, ("Encounter", "Condition", "MedicationRequest"))
     stays = hospital_stays(ctx, directory, index)
     admitted = {r["subject"]["reference"].split("/", 1)[1] for r in stays if r["resourceType"] == "Encounter"}
     return out + stays + ambiguity(ctx, directory, index, avoid=admitted)
@@ -376,6 +389,7 @@ class _StayBuilder:
         self.ctx, self.rng, self.dir, self.index = ctx, rng, directory, index
         self.units: dict[str, dict[str, dict]] = {}  # hospital org id -> unit key -> Location
         self.locations: list[dict] = []  # new Locations (and a new hospital, if the world had none)
+        self._fallback: dict | None = None
 
     def new_id(self) -> str:
         return self.ctx.new_id("clinical:stays")
@@ -391,16 +405,18 @@ class _StayBuilder:
                 return by_id[org_id]
         if hospitals:
             return self.rng.choice(hospitals)
-        return self._new_hospital()
+        if self._fallback is None:
+            self._fallback = self._new_hospital()
+        return self._fallback
 
     def _new_hospital(self) -> dict:
+        """A hospital for worlds without one (no Synthea data): stays need a provider and a building."""
         org = {"resourceType": "Organization", "id": self.new_id(), "active": True,
                "type": [concept("http://terminology.hl7.org/CodeSystem/organization-type", "prov",
                                 "Healthcare Provider")],
                "name": "Commonwealth General Hospital",
                "address": [{"line": ["1 Hospital Drive"], "city": "Boston", "state": "MA", "postalCode": "02114",
                             "country": "US"}]}
-        self.dir.orgs.append(org)
         self.locations.append(org)
         return org
 
@@ -419,9 +435,11 @@ class _StayBuilder:
                 site["address"] = copy.deepcopy(hospital["address"][0])
             self.dir.location_of[hospital["id"]] = site
             self.locations.append(site)
-        # the hospital's own Location is the building the units are part of
-        site.setdefault("physicalType", concept(PHYSICAL_TYPE, "bu", "Building"))
-        site.setdefault("type", [concept(ROLE_CODE, "HOSP", "Hospital")])
+        # the hospital's own Location is the building the units are part of (amend every copy alike:
+        # a bulk load keeps the last one)
+        for same in self.dir.copies.get(site["id"], [site]):
+            same.setdefault("physicalType", concept(PHYSICAL_TYPE, "bu", "Building"))
+            same.setdefault("type", [concept(ROLE_CODE, "HOSP", "Hospital")])
         units = {}
         for key, (name, alias, type_code, type_display) in UNITS.items():
             loc = {"resourceType": "Location", "id": self.new_id(), "status": "active", "name": name,
@@ -452,7 +470,7 @@ class _StayBuilder:
         hospital = self.hospital_for(patient)
         now = at(self.ctx.anchor, 0)
 
-        # phases: (unit key, start, end, encounter kind)
+        # phases: (unit key, start, end) in the order the patient went through them
         phases = []
         t = start
         if via_ed:
@@ -675,10 +693,9 @@ def ambiguity(ctx: WorldContext, directory: Directory, index: PatientIndex,
     out += _wrong_chart(ctx, rng, index, patients, errors)
     out += _duplicate_orders(ctx, rng, index, patients, errors)
 
-    # one inactive record: a deceased patient if there is one (records are closed after death)
+    # one living patient whose record is no longer in use (Synthea already closes the records of the dead)
     taken = {p["id"] for p in originals} | set(avoid)
-    pool = [p for p in patients if p["id"] not in taken and not alive_on(p, ctx.anchor)] or \
-           [p for p in patients if p["id"] not in taken]
+    pool = [p for p in living if p["id"] not in taken]
     if pool:
         rng.choice(pool)["active"] = False
     return out
@@ -764,17 +781,22 @@ def _pick_patients(rng: Random, patients: list[dict], has: dict[str, list[dict]]
 
 def _wrong_values(ctx: WorldContext, rng: Random, index: PatientIndex, patients: list[dict], count: int) -> list[dict]:
     """A mistyped copy (decimal slip) of a patient's latest common measurement, charted minutes later."""
-    latest: dict[str, list[dict]] = {}
-    for p in patients:
-        best: dict[str, tuple[datetime, dict]] = {}
-        for obs in index.get(p["id"], "Observation"):
-            loinc = first_code(obs.get("code"))
-            if loinc in SHADOWED and obs.get("status") == "final" and "valueQuantity" in obs \
-                    and obs.get("effectiveDateTime"):
-                moment = parse_instant(obs["effectiveDateTime"])
-                if loinc not in best or moment >= best[loinc][0]:
-                    best[loinc] = (moment, obs)
-        latest[p["id"]] = [best[c][1] for c in SHADOWED if c in best]
+    shadowed = set(SHADOWED)
+    best: dict[str, dict[str, tuple[str, dict]]] = defaultdict(dict)  # patient -> code -> (time key, obs)
+    for obs in ctx.of_type("Observation"):
+        if "valueQuantity" not in obs or obs.get("status") != "final":
+            continue
+        loinc = first_code(obs.get("code"))
+        if loinc not in shadowed:
+            continue
+        subject, when = obs.get("subject", {}).get("reference", ""), obs.get("effectiveDateTime")
+        if not subject.startswith("Patient/") or not when:
+            continue
+        key = _time_key(when)
+        mine = best[subject[8:]]
+        if loinc not in mine or key >= mine[loinc][0]:
+            mine[loinc] = (key, obs)
+    latest = {pid: [codes[c][1] for c in SHADOWED if c in codes] for pid, codes in best.items()}
     out = []
     for patient in _pick_patients(rng, patients, latest, count):
         real = rng.choice(latest[patient["id"]])
@@ -791,6 +813,13 @@ def _wrong_values(ctx: WorldContext, rng: Random, index: PatientIndex, patients:
     return out
 
 
+def _time_key(value: str) -> str:
+    """A string that sorts like the instant: UTC values as written (to the second), others converted."""
+    if value.endswith(("Z", "+00:00")) or len(value) == 10:
+        return value[:19]
+    return iso(parse_instant(value))[:19]
+
+
 def _wrong_chart(ctx: WorldContext, rng: Random, index: PatientIndex, patients: list[dict], count: int) -> list[dict]:
     """A chronic diagnosis the patient does not have, recorded on their chart by mistake."""
     encounters = {p["id"]: index.get(p["id"], "Encounter") for p in patients}
@@ -799,7 +828,7 @@ def _wrong_chart(ctx: WorldContext, rng: Random, index: PatientIndex, patients: 
         has = {first_code(c.get("code")) for c in index.get(patient["id"], "Condition")}
         options = [c for c in CHRONIC if c[0] not in has] or CHRONIC
         code, display = rng.choice(options)
-        visit = encounters[patient["id"]][-1]
+        visit = max(encounters[patient["id"]], key=lambda e: parse_instant(e.get("period", {}).get("start", "1900-01-01")))
         when = visit.get("period", {}).get("start") or iso(at(ctx.day(-30), 9))
         out.append({
             "resourceType": "Condition", "id": ctx.new_id("clinical:ambiguity"),

