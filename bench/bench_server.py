@@ -28,8 +28,8 @@ import httpx
 import orjson
 
 from fhirgym.fhir import FhirServer, InProcessClient, Snapshot, Store
-from fhirgym.fhir._refs import rewrite_references
 from fhirgym.spec import cache_dir, load_spec
+from fhirgym.world import flatten_bundles as flatten
 from fhirgym.world import synthea_bundles
 
 SEKMET = "sekmet-fhir==0.1.1"
@@ -43,21 +43,6 @@ def bench_data(patients: int, seed: int = 42) -> list[dict]:
         for n, b in enumerate(synthea_bundles(seed, patients)):
             (folder / f"{n:04d}.json").write_bytes(orjson.dumps(b))
     return [orjson.loads(p.read_bytes()) for p in sorted(folder.glob("*.json"))]
-
-
-def flatten(bundles: list[dict]) -> list[dict]:
-    """Bundle resources with their urn:uuid references turned into Type/id (ids kept)."""
-    out, mapping = [], {}
-    for b in bundles:
-        for e in b["entry"]:
-            r = e["resource"]
-            mapping[e["fullUrl"]] = f"{r['resourceType']}/{r['id']}"
-    for b in bundles:
-        for e in b["entry"]:
-            r = orjson.loads(orjson.dumps(e["resource"]))
-            rewrite_references(r, mapping.get)
-            out.append(r)
-    return out
 
 
 def pct(xs: list[float]) -> tuple[float, float]:

@@ -60,22 +60,14 @@ from typing import Any
 
 import orjson
 
-from ..spec._model import ElementDef, SearchParam, Spec
+from ..spec import ElementDef, SearchParam, Spec
+from ._store import TABLE_FOR_TYPE
 from ._values import MAX_TIME, MIN_TIME, date_range, normalize_string, number_range, split_reference
 
 __all__ = ["TABLES", "Extractor"]
 
-#: Index table of each search parameter type (``special`` has none).
-TABLES: dict[str, str] = {
-    "string": "ix_string",
-    "token": "ix_token",
-    "reference": "ix_reference",
-    "date": "ix_date",
-    "number": "ix_number",
-    "quantity": "ix_quantity",
-    "uri": "ix_uri",
-    "composite": "ix_composite",
-}
+TABLES = TABLE_FOR_TYPE  # parameter type → index table; one definition, in the store
+
 
 #: Parameters we cannot index, by SearchParameter id. Any expressionless or ``special`` parameter not
 #: listed here makes :class:`Extractor` fail at construction, so the list stays a conscious decision.

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from ..spec import SearchParam, Spec
 from ._errors import FhirError, bad_request
-from ._store import INDEX_TABLES, Store, merged
+from ._store import INDEX_TABLES, TABLE_FOR_TYPE, Store, merged
 from ._values import date_range, normalize_string, number_range
 
 #: Result parameters handled by the search driver, not by the index.
@@ -24,17 +24,6 @@ CONTROL_PARAMS = frozenset(
         "_pretty", "_getpages", "_getpagesoffset", "_offset", "_contained", "_containedType", "_totalMethod",
     }
 )
-
-TABLE_FOR_TYPE = {
-    "string": "ix_string",
-    "token": "ix_token",
-    "reference": "ix_reference",
-    "date": "ix_date",
-    "number": "ix_number",
-    "quantity": "ix_quantity",
-    "uri": "ix_uri",
-    "composite": "ix_composite",
-}
 
 #: Modifiers we implement, per parameter type (anything else is rejected with 400).
 MODIFIERS: dict[str, frozenset[str]] = {

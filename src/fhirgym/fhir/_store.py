@@ -37,6 +37,11 @@ INDEX_TABLES: dict[str, tuple[str, ...]] = {
     "ix_composite": ("comp",),
 }
 
+#: Index table of each search parameter type (``special`` has none).
+TABLE_FOR_TYPE: dict[str, str] = {
+    t: f"ix_{t}" for t in ("string", "token", "reference", "date", "number", "quantity", "uri", "composite")
+}
+
 _INDEX_DDL = {
     "ix_string": ["(rtype, param, norm)"],
     "ix_token": ["(rtype, param, code)"],
