@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from ._errors import FhirError, Issue, invalid_resource
+from ._errors import FhirError, invalid_resource
 from ._store import Record
 
 if TYPE_CHECKING:
@@ -80,4 +80,4 @@ def _check(result: list[Record] | tuple[int, list]) -> list[Record]:
     return result
 
 
-__all__ = ["Issue", "prepared_records"]
+__all__ = ["prepared_records"]
