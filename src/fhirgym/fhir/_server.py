@@ -438,12 +438,14 @@ class FhirServer:
         self._store_write(rec)
         return rec
 
-    def load(self, resources: list[dict], validate: bool = True, workers: int = 1) -> list[Issue]:
+    def load(self, resources: list[dict], validate: bool = True, workers: int = 1, reindex: bool = True
+             ) -> list[Issue]:
         """Bulk-load resources (keeping their ids) in one transaction; the fast path for worlds and benches.
 
         Every resource is validated (unless ``validate`` is False) and indexed like any write; a resource
         repeated in the input (same type and id) is stored once, as its last occurrence. ``workers`` > 1
-        prepares resources in that many processes. References are checked once at the end, against the
+        prepares resources in that many processes; ``reindex=False`` is for a store that will only be
+        exported (see :meth:`Store.bulk`). References are checked once at the end, against the
         whole loaded set. Returns the dangling-reference issues (empty when the data is closed); raises
         a 422 FhirError on the first invalid resource and then stores nothing.
         """
@@ -461,7 +463,7 @@ class FhirServer:
         existing = self.store.versions(list(last))
         items = [(n, resources[n], existing.get(key, 0) + 1) for key, n in sorted(last.items(), key=lambda kv: kv[1])]
         ts = self._timestamp()  # one instant for the whole load
-        with self.store.bulk():
+        with self.store.bulk(reindex):
             for records in prepared_records(self, items, ts, validate and self.config.validate, workers):
                 self.store.write(records)
             self._generation += 1

@@ -292,11 +292,13 @@ class Store:
             raise
 
     @contextlib.contextmanager
-    def bulk(self) -> Iterator[None]:
+    def bulk(self, reindex: bool = True) -> Iterator[None]:
         """A transaction for large loads: secondary indexes are dropped and rebuilt once at the end.
 
         Building an index once from sorted data is several times faster than maintaining it row by
         row; this is what makes world builds and bulk loads fast. Atomic like :meth:`transaction`.
+        ``reindex=False`` leaves them dropped: for a scratch store that is only :meth:`export`-ed
+        (the exported file gets its indexes), which saves building them twice.
         """
         with self.lock:
             if self._depth:
@@ -309,9 +311,10 @@ class Store:
                 try:
                     yield
                 finally:
-                    for stmt in _schema():
-                        if stmt.startswith("CREATE INDEX"):
-                            self.conn.execute(stmt)
+                    if reindex:
+                        for stmt in _schema():
+                            if stmt.startswith("CREATE INDEX"):
+                                self.conn.execute(stmt)
 
     # -- transactions ------------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -177,7 +177,7 @@ def _store_world(store: Store, resources: list[dict], path: Path, manifest: dict
     if report.invalid:
         return report
     t = time.perf_counter()
-    report.dangling = server.load(resources, validate=False, workers=workers)
+    report.dangling = server.load(resources, validate=False, workers=workers, reindex=False)
     timings["index+load"] = time.perf_counter() - t
     if report.dangling:
         return report
