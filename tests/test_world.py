@@ -70,7 +70,7 @@ def test_builds_are_cached(tmp_path, monkeypatch):
     assert not first.cached and cache_path(8, 1, DEFAULT_ANCHOR).is_file()
     second = build_world(seed=8, patients=1, out=tmp_path / "w2.db")
     assert second.cached and second.sha256 == first.sha256
-    assert second.build_seconds < 5
+    assert second.timings == {}  # nothing was generated, validated or loaded the second time
 
 
 def test_cli_show_and_import(tmp_path):

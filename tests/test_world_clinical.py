@@ -162,8 +162,7 @@ def test_everything_loads_with_no_dangling_reference(world: World, loaded: tuple
     assert server.search("Patient", [("_summary", "count")])["total"] == len(world.of("Patient"))
 
 
-def test_generation_is_fast_and_adds_what_it_should(synthea: bytes, world: World) -> None:
-    assert world.seconds < 2.0  # a loose guard at 8 patients; 100 patients take about 1 s
+def test_generation_adds_what_it_should(synthea: bytes, world: World) -> None:
     made = Counter(r["resourceType"] for r in world.clinical + world.genetics)
     for rtype in ("Medication", "Location", "Encounter", "Observation", "Patient", "ServiceRequest", "Specimen",
                   "DiagnosticReport", "FamilyMemberHistory", "Consent"):
