@@ -80,6 +80,18 @@ def test_reset_returns_to_the_base_and_to_snapshots(world):
     assert InProcessClient(FhirServer(other)).search("Patient", {"family": "Gamma"}).body["total"] == 1
 
 
+def test_fork_copies_the_current_state_and_then_diverges(world):
+    snap, _, b, _ = world
+    store = snap.open()
+    c = InProcessClient(FhirServer(store))
+    c.create(_patient("Gamma"))
+    forked = InProcessClient(FhirServer(store.fork()))
+    assert _names(forked) == ["Alpha2", "Beta", "Gamma"]
+    assert forked.delete("Patient", b).status == 200
+    assert _names(forked) == ["Alpha2", "Gamma"]
+    assert _names(c) == ["Alpha2", "Beta", "Gamma"]
+
+
 def test_reset_to_a_snapshot_of_another_base_is_refused(world, tmp_path):
     snap, *_ = world
     store = snap.open()

@@ -17,7 +17,7 @@ from ._build import (
     world_info,
 )
 from ._context import WorldContext
-from ._synthea import bundle_resources, repair_bundle, synthea_bundles
+from ._synthea import repair_bundle, synthea_bundles
 
 __all__ = [
     "DEFAULT_ANCHOR",
@@ -27,7 +27,6 @@ __all__ = [
     "WorldContext",
     "WorldInfo",
     "build_world",
-    "bundle_resources",
     "flatten_bundles",
     "import_world",
     "repair_bundle",

@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -87,9 +86,3 @@ def repair_bundle(bundle: dict) -> dict:
                         "ifNoneExist": f"identifier={ident['system']}|{ident['value']}"},
         })
     return bundle
-
-
-def bundle_resources(bundles: list[dict]) -> Iterator[dict]:
-    for b in bundles:
-        for e in b.get("entry", []):
-            yield e["resource"]
