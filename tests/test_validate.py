@@ -728,25 +728,3 @@ def test_synthea_mutation_is_caught(v: Validator, synthea_bundles: list[dict]) -
         ("value", "Observation.effectiveDateTime"),
         ("value", "Observation.valueBoolean"),
     ]
-
-
-def _throughput(directory: Path) -> None:
-    resources = [
-        e["resource"]
-        for p in sorted(directory.glob("*.json"))
-        for e in orjson.loads(p.read_bytes()).get("entry", [])
-    ]
-    v = Validator(load_spec())
-    for r in resources:  # compile the tables once
-        v.validate(r)
-    start = time.perf_counter()
-    rounds = 5
-    bad = sum(len(v.validate(r)) for _ in range(rounds) for r in resources)
-    elapsed = time.perf_counter() - start
-    print(
-        f"{len(resources) * rounds / elapsed:,.0f} resources/s over {len(resources)} resources ({bad} issues)"
-    )
-
-
-if __name__ == "__main__":
-    _throughput(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/synth3/fhir"))
