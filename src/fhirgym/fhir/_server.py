@@ -649,19 +649,14 @@ class FhirServer:
         bundle["id"] = hashlib.sha256(f"{token}:{offset}".encode()).hexdigest()[:16]
         if state["total"] != "none":
             bundle["total"] = len(ids)
-        links = [{"relation": "self", "url": state["self"] if offset == 0 else self._page_url(token, offset, count)}]
+        ignored = self._ignored_outcome(state) if state["ignored"] and offset == 0 else []
         if state["summary"] == "count":
-            bundle["link"] = links
-            if state["ignored"] and offset == 0:  # a count that ignored parameters must say so
-                issues = [Issue("warning", "not-supported", f"Ignored search parameter {msg}") for msg in state["ignored"]]
-                bundle["entry"] = [{"resource": operation_outcome(issues), "search": {"mode": "outcome"}}]
+            bundle["link"] = self._page_links(token, state, offset, 0)
+            if ignored:  # a count that ignored parameters must say so
+                bundle["entry"] = ignored
             return bundle
         page_ids = ids[offset : offset + count]
-        if offset + count < len(ids) and count > 0:
-            links.append({"relation": "next", "url": self._page_url(token, offset + count, count)})
-        if offset > 0 and count > 0:
-            links.append({"relation": "previous", "url": self._page_url(token, max(0, offset - count), count)})
-        bundle["link"] = links
+        bundle["link"] = self._page_links(token, state, offset, len(ids))
         entries = []
         found = self.search_engine.fetch(self.store, rtype, page_ids)
         matched = [(rtype, i) for i in page_ids if i in found]
@@ -671,15 +666,28 @@ class FhirServer:
                 entries.append(self._entry(rtype, rid, orjson.loads(data), "match", state))
         for t, i, body in self._includes(matched, state["include"], state["revinclude"]):
             entries.append(self._entry(t, i, body, "include", state))
-        if state["ignored"] and offset == 0:
-            issues = [Issue("warning", "not-supported", f"Ignored search parameter {msg}") for msg in state["ignored"]]
-            entries.append({"resource": operation_outcome(issues), "search": {"mode": "outcome"}})
+        entries.extend(ignored)
         if entries:
             bundle["entry"] = entries
         return bundle
 
     def _page_url(self, token: str, offset: int, count: int) -> str:
         return f"{self.base}?_getpages={quote(token)}&_getpagesoffset={offset}&_count={count}"
+
+    def _page_links(self, token: str, state: dict, offset: int, total: int) -> list[dict]:
+        """self / next / previous links of one page of a remembered result list."""
+        count = state["count"]
+        links = [{"relation": "self", "url": state["self"] if offset == 0 else self._page_url(token, offset, count)}]
+        if count > 0 and offset + count < total:
+            links.append({"relation": "next", "url": self._page_url(token, offset + count, count)})
+        if count > 0 and offset > 0:
+            links.append({"relation": "previous", "url": self._page_url(token, max(0, offset - count), count)})
+        return links
+
+    @staticmethod
+    def _ignored_outcome(state: dict) -> list[dict]:
+        issues = [Issue("warning", "not-supported", f"Ignored search parameter {msg}") for msg in state["ignored"]]
+        return [{"resource": operation_outcome(issues), "search": {"mode": "outcome"}}]
 
     def _entry(self, rtype: str, rid: str, body: dict, mode: str, state: dict) -> dict:
         body = self._subset(body, state.get("summary"), state.get("elements"))
@@ -825,11 +833,7 @@ class FhirServer:
             status = "201" if version == 1 and data is not None else "200" if data is not None else "204"
             entry["response"] = {"status": status, "etag": _etag(version), "lastModified": lu}
             entries.append(entry)
-        links = [{"relation": "self", "url": state["self"] if offset == 0 else self._page_url(token, offset, count)}]
-        if count > 0 and offset + count < len(rows):
-            links.append({"relation": "next", "url": self._page_url(token, offset + count, count)})
-        if count > 0 and offset > 0:
-            links.append({"relation": "previous", "url": self._page_url(token, max(0, offset - count), count)})
+        links = self._page_links(token, state, offset, len(rows))
         bundle = {"resourceType": "Bundle", "type": "history", "total": len(rows), "link": links}
         if entries:
             bundle["entry"] = entries
