@@ -100,3 +100,11 @@ def synthea_world(synthea_bundles) -> SyntheaWorld:
             world.entries.append(entry)
             world.by_url[(n, entry.full_url)] = entry
     return world
+
+
+@pytest.fixture(scope="session")
+def small_world_path():
+    """The 10-patient demo world (seed 42): built once per machine, then cached."""
+    from fhirgym.world import build_world
+
+    return build_world(seed=42, patients=10).path

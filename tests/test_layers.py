@@ -7,7 +7,7 @@ from pathlib import Path
 
 import fhirgym
 
-LAYERS = ["spec", "fhir", "world", "tasks", "tools", "mcp", "agents", "runner", "memory", "analysis", "rl", "cli"]
+LAYERS = ["spec", "fhir", "world", "tools", "tasks", "mcp", "agents", "runner", "memory", "analysis", "rl", "cli"]
 ROOT = Path(fhirgym.__file__).parent
 
 

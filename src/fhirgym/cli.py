@@ -132,5 +132,325 @@ def world_import(paths: tuple[Path, ...], out: Path, workers: int) -> None:
     _print_info(info)
 
 
+# -- report ----------------------------------------------------------------------------------------------
+
+@main.command("report")
+@click.argument("dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path),
+              help="File (or existing directory) to write; default: DIR/report.<format> of the first DIR.")
+@click.option("--format", "fmt", type=click.Choice(["html", "md", "json"]), default="html", show_default=True)
+@click.option("--bootstrap", "n_boot", default=2000, show_default=True, type=int,
+              help="Bootstrap resamples for the paired comparisons' confidence intervals.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the bootstrap.")
+def report_cmd(dirs: tuple[Path, ...], out: Path | None, fmt: str, n_boot: int, seed: int) -> None:
+    """Write the analysis report of result directories (HTML with plots and transcripts, Markdown or JSON)."""
+    from .analysis import ResultsError, write_report
+
+    try:
+        path = write_report(list(dirs), out or dirs[0], fmt, n_boot=n_boot, seed=seed)
+    except ResultsError as err:
+        raise click.ClickException(str(err)) from err
+    click.echo(str(path))
+
+
+
+
+# -- tasks ---------------------------------------------------------------------------------------------
+
+def _world_options(fn=None, *, default_patients: int = 100):
+    """--world FILE, or the cached seeded world of --patients/--world-seed."""
+    if fn is None:
+        return lambda f: _world_options(f, default_patients=default_patients)
+    fn = click.option("--world", "world_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                      envvar="FHIRGYM_WORLD", help="World file (default: the seeded world of --patients).")(fn)
+    fn = click.option("--patients", default=100, show_default=True, help="Size of the default world.")(fn)
+    return click.option("--world-seed", default=42, show_default=True, help="Seed of the default world.")(fn)
+
+
+def _task_world(world_path: Path | None, patients: int, world_seed: int):
+    from .tasks import TaskWorld
+
+    if world_path is None:
+        from .world import build_world
+
+        click.echo(f"world: seed {world_seed}, {patients} patients (built once, then cached) ...", err=True)
+        world_path = build_world(seed=world_seed, patients=patients).path
+    return TaskWorld.open(world_path)
+
+
+@main.group()
+def tasks() -> None:
+    """List, show and check the task families."""
+
+
+@tasks.command("list")
+@click.option("--tasks", "selector", default="all", show_default=True, help="Task selector (ids, globs, categories).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per family.")
+def tasks_list(selector: str, as_json: bool) -> None:
+    """Every task family: id, category, difficulty, read/write, resource types."""
+    from .tasks import select
+
+    fams = select(selector)
+    rows = [{"id": f.id, "category": f.category, "difficulty": f.difficulty, "writes": f.writes,
+             "resource_types": list(f.resource_types), "title": f.title} for f in fams]
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    click.echo(f"{'id':44} {'category':11} {'d':1}  {'r/w':3}  resource types")
+    for r in rows:
+        click.echo(f"{r['id']:44} {r['category']:11} {r['difficulty']}  {'W' if r['writes'] else 'R':3}  "
+                   f"{', '.join(r['resource_types'])}")
+    writes = sum(r["writes"] for r in rows)
+    click.echo(f"{len(rows)} families, {writes} writing ({100 * writes / max(1, len(rows)):.0f} %)")
+
+
+@tasks.command("show")
+@click.argument("task_id")
+@click.option("--seed", default=0, show_default=True)
+@_world_options
+def tasks_show(task_id: str, seed: int, world_path: Path | None, patients: int, world_seed: int) -> None:
+    """One instance: prompt, params, frozen now, setup, gold answer and expected state change."""
+    from .tasks import make_instance
+
+    inst = make_instance(task_id, seed, _task_world(world_path, patients, world_seed))
+    click.echo(json.dumps(inst.describe(), indent=1, default=str))
+
+
+@tasks.command("check")
+@click.option("--tasks", "selector", default="all", show_default=True)
+@click.option("--seeds", default=20, show_default=True, help="Seeds 0..N-1 of every family.")
+@click.option("--no-mutations", is_flag=True, help="Skip the mutation tests of writing families.")
+@_world_options
+def tasks_check(selector: str, seeds: int, no_mutations: bool, world_path: Path | None, patients: int,
+                world_seed: int) -> None:
+    """Run the reference and null agents (and mutations) on every family × seed; non-zero exit on any problem."""
+    from .tasks import select
+    from .tasks._check import check
+
+    world = _task_world(world_path, patients, world_seed)
+    fams = select(selector)
+    bad: list = []
+
+    def progress(row) -> None:
+        if not row.ok:
+            bad.append(row)
+            click.echo(f"PROBLEM {row.task_id} seed {row.seed}: {' | '.join(row.problems)}", err=True)
+
+    rows = check(fams, range(seeds), world, mutations=not no_mutations, progress=progress)
+    n = len(rows)
+    ref_strict = sum(r.reference_strict for r in rows)
+    writing = [r for r in rows if r.reference_light is not None or r.null_light is not None]
+    ref_light = sum(bool(r.reference_light) for r in writing)
+    null_strict = sum(r.null_strict for r in rows)
+    null_light = sum(bool(r.null_light) for r in writing)
+    applied = sum(r.mutations_applied for r in rows)
+    rejected = sum(r.mutations_rejected for r in rows)
+    click.echo(f"{len(fams)} families × {seeds} seeds = {n} instances")
+    click.echo(f"reference: strict {ref_strict}/{n} ({100 * ref_strict / max(1, n):.1f} %), "
+               f"light {ref_light}/{len(writing)} on writing instances")
+    click.echo(f"null:      strict {null_strict}/{n}, light {null_light}/{len(writing)}")
+    click.echo(f"mutations: {rejected}/{applied} rejected by strict validation")
+    click.echo(f"problems:  {len(bad)} instances")
+    sys.exit(1 if bad else 0)
+
+
+@tasks.command("paraphrase")
+@click.option("--tasks", "selector", default="all", show_default=True)
+@click.option("--seeds", default="1", show_default=True, help="N (seeds 0..N-1) or a list like 3,5 or 0-4.")
+@click.option("--count", default=1, show_default=True, help="Paraphrases per instance (k = 1..COUNT).")
+@click.option("--model", default=None, help="Model that writes them (default: the local 1.5B).")
+@click.option("--base-url", default=None, envvar="OPENAI_BASE_URL")
+@_world_options
+def tasks_paraphrase(selector: str, seeds: str, count: int, model: str | None, base_url: str | None,
+                     world_path: Path | None, patients: int, world_seed: int) -> None:
+    """Generate and cache paraphrased prompts (checked: every entity, date and the format survive)."""
+    from .agents import DEFAULT_MODEL, make_backend
+    from .tasks import make_instance, select
+    from .tasks._paraphrase import ParaphraseUnavailable, paraphrase
+
+    model = model or DEFAULT_MODEL
+    backend = make_backend(model, base_url=base_url)
+
+    def complete(messages: list[dict]) -> str:
+        return backend.chat(messages, None, temperature=0.7, max_tokens=400).text
+
+    world = _task_world(world_path, patients, world_seed)
+    failed = 0
+    for fam in select(selector):
+        for seed in _seeds(seeds):
+            inst = make_instance(fam, seed, world)
+            for k in range(1, count + 1):
+                try:
+                    new = paraphrase(inst, complete, model, k)
+                    click.echo(f"{fam.id} s{seed} p{k}: {new.prompt.splitlines()[0][:100]}")
+                except ParaphraseUnavailable as exc:
+                    failed += 1
+                    click.echo(f"REJECTED {exc}", err=True)
+    sys.exit(1 if failed else 0)
+
+
+# -- eval ----------------------------------------------------------------------------------------------
+
+def _seeds(value: str) -> list[int]:
+    """``5`` → seeds 0..4; ``3,7`` or ``2-4`` → those seeds."""
+    value = value.strip()
+    if value.isdigit():
+        return list(range(int(value)))
+    out: list[int] = []
+    for part in value.split(","):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
+    return out
+
+
+@main.command("eval")
+@click.option("--agent", default="react", show_default=True,
+              help="react | reference | null | cmd:\"PROGRAM ARGS\" | package.module:Class")
+@click.option("--model", default=None, help="local/qwen2.5-coder-1.5b (default), local/qwen2.5-coder-0.5b, "
+              "local/PATH.gguf, openai/NAME, openai-compatible/NAME (with --base-url)")
+@click.option("--base-url", default=None, envvar="OPENAI_BASE_URL", help="Endpoint of an OpenAI-compatible server.")
+@click.option("--tasks", "selector", default="default", show_default=True,
+              help="Task selector: ids, globs (scheduling.*), categories, reads/writes, d1-d3, all, default.")
+@click.option("--seeds", default="1", show_default=True, help="N (seeds 0..N-1) or a list like 3,5 or 0-4.")
+@click.option("--runs", default=1, show_default=True, help="Repetitions of every instance.")
+@click.option("--config", default="baseline", show_default=True, help="baseline (FHIR tools) | specs (+ spec tools)")
+@click.option("--setting", default="default", show_default=True, help="Label of the experiment setting.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Output directory.")
+@click.option("--parallel", default=1, show_default=True, help="Episodes at a time.")
+@click.option("--resume", is_flag=True, help="Skip episodes already in OUT/results.jsonl.")
+@click.option("--max-iterations", default=15, show_default=True)
+@click.option("--budget", default=None, type=int, help="Characters per tool output (default 12000).")
+@click.option("--paraphrases", default=0, show_default=True, help="Also run the first K cached paraphrases.")
+@click.option("--no-report", is_flag=True, help="Do not write OUT/report.html at the end.")
+@_world_options(default_patients=10)
+def eval_cmd(agent: str, model: str | None, base_url: str | None, selector: str, seeds: str, runs: int, config: str,
+             setting: str, out: Path, parallel: int, resume: bool, max_iterations: int, budget: int | None,
+             paraphrases: int, no_report: bool, world_path: Path | None, patients: int, world_seed: int) -> None:
+    """Evaluate an agent on tasks: one isolated store per episode, results.jsonl + transcripts + report."""
+    import time
+
+    from .runner import EvalError, EvalSpec, progress_line, run_eval, summary
+
+    spec = EvalSpec(out=out, agent=agent, model=model, base_url=base_url, tasks=selector, seeds=_seeds(seeds),
+                    runs=runs, config=config, setting=setting, parallel=parallel, resume=resume,
+                    max_iterations=max_iterations, budget=budget, paraphrases=paraphrases)
+    world = _task_world(world_path, patients, world_seed)
+    started = time.perf_counter()
+    counts: dict[str, int] = {}
+
+    def progress(line: dict, finished: int, total: int) -> None:
+        click.echo(progress_line(line, finished, total, started, counts), nl=finished == total, err=True)
+
+    try:
+        results = run_eval(spec, world, progress)
+    except (EvalError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"\n{len(results)} episodes in {out} ({time.perf_counter() - started:.0f} s)")
+    click.echo(summary(results))
+    if not no_report:
+        from .analysis import write_report
+
+        path = write_report([out], out / "report.html")
+        click.echo(f"report: {path}")
+
+
+# -- mcp -----------------------------------------------------------------------------------------------
+
+@main.group("mcp")
+def mcp_group() -> None:
+    """Serve the agent tools over MCP (stdio for a client that spawns us, or streamable HTTP)."""
+
+
+def _mcp_options(fn):
+    """--transport/--host/--port/--read-only/--budget, the same for every MCP server."""
+    options = [
+        click.option("--transport", type=click.Choice(["stdio", "http"]), default="stdio", show_default=True),
+        click.option("--host", default="127.0.0.1", show_default=True, help="HTTP only."),
+        click.option("--port", default=8765, show_default=True, type=int, help="HTTP only; 0 picks a free port."),
+        click.option("--read-only", is_flag=True, help="Leave out the tools that write."),
+        click.option("--budget", default=None, type=int, help="Characters per tool output (default 12000)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _mcp_serve(tools, client, name: str, transport: str, host: str, port: int, read_only: bool,
+               budget: int | None) -> None:
+    """stdio: nothing but protocol on stdout (logs go to stderr). http: the endpoint URL is the one line
+    printed on stdout; serve until Ctrl-C or SIGTERM."""
+    import logging
+    import signal
+    import threading
+
+    from .mcp import build_server, serve_http
+    from .tools import DEFAULT_BUDGET, Toolbox, ToolContext
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    toolbox = Toolbox(tools, ToolContext(client, budget or DEFAULT_BUDGET))
+    if transport == "stdio":
+        build_server(toolbox, name, read_only=read_only).run("stdio")
+        return
+    handle = serve_http(toolbox, host, port, name=name, read_only=read_only)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    click.echo(handle.url)
+    click.echo(f"{name}: {len(handle.toolbox.tools)} tools on {handle.url} (Ctrl-C stops)", err=True)
+    try:
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        handle.close()
+
+
+@mcp_group.command("fhir")
+@_mcp_options
+@_world_options(default_patients=10)
+@click.option("--task", "task_id", default=None, help="Serve the pre-run state of this task's instance.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the --task instance.")
+@click.option("--url", default=None, help="Bind the tools to this external FHIR server instead (base URL).")
+@click.option("--specs", "with_specs", is_flag=True, help="Also serve the FHIR R4 spec tools.")
+def mcp_fhir(transport: str, host: str, port: int, read_only: bool, budget: int | None, world_path: Path | None,
+             patients: int, world_seed: int, task_id: str | None, seed: int, url: str | None,
+             with_specs: bool) -> None:
+    """The six FHIR CRUD tools on an isolated store (a world's, or a task instance's pre-run state), or
+    on an external server with --url. Writes stay in that store and vanish at exit."""
+    import contextlib
+
+    from .tools import FHIR_TOOLS, SPEC_TOOLS
+
+    with contextlib.redirect_stdout(sys.stderr):  # on stdio, stdout belongs to the protocol
+        if url:
+            from .fhir import HttpClient
+
+            client = HttpClient(url)
+        else:
+            world = _task_world(world_path, patients, world_seed)
+            if task_id:
+                from .tasks import make_instance
+
+                try:
+                    client = make_instance(task_id, seed, world).open().client
+                except KeyError as exc:
+                    raise click.ClickException(str(exc.args[0])) from None
+            else:
+                from .fhir import FhirServer, InProcessClient
+
+                client = InProcessClient(FhirServer(world.snapshot.open(), world.spec), world.snapshot)
+    tools = FHIR_TOOLS + SPEC_TOOLS if with_specs else FHIR_TOOLS
+    _mcp_serve(tools, client, "fhirgym-fhir", transport, host, port, read_only, budget)
+
+
+@mcp_group.command("specs")
+@_mcp_options
+def mcp_specs(transport: str, host: str, port: int, read_only: bool, budget: int | None) -> None:
+    """The FHIR R4 specification tools (official definitions; no FHIR server needed)."""
+    from .tools import SPEC_TOOLS
+
+    _mcp_serve(SPEC_TOOLS, None, "fhirgym-specs", transport, host, port, read_only, budget)
+
+
 if __name__ == "__main__":
     main()

@@ -370,6 +370,20 @@ class Store:
                         out[(rtype, rid)] = version
         return out
 
+    def layer_versions(self) -> dict[tuple[str, str], tuple[int, bool]]:
+        """(version, deleted) of every resource this store's layer holds: what it wrote on top of its base.
+
+        Two calls bracket an episode; the keys whose entry changed are exactly what the episode wrote
+        (see ``fhirgym.tasks`` for the diff built on it). Costs the size of the layer, not of the world.
+        """
+        rows = self.query("SELECT rtype, id, version, deleted FROM main.resources")
+        return {(r[0], r[1]): (r[2], bool(r[3])) for r in rows}
+
+    def base_version(self, rtype: str, rid: str) -> tuple[int, bytes | None] | None:
+        """(version, json) of a resource in the read-only base, ignoring the layer."""
+        rows = self.query("SELECT version, json FROM base.resources WHERE rtype=? AND id=? AND deleted=0", (rtype, rid))
+        return (rows[0][0], rows[0][1]) if rows else None
+
     def version(self, rtype: str, rid: str, version: int) -> tuple[str, str, bytes | None] | None:
         """(last_updated, method, json) of one stored version, or None."""
         rows = self.query(

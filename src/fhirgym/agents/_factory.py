@@ -1,0 +1,46 @@
+"""``--agent`` / ``--model`` strings → agent objects (the CLI and the runner share this)."""
+
+from __future__ import annotations
+
+import inspect
+
+from ._agent import instantiate, load_class
+from ._backend import DEFAULT_LOCAL_MODEL, make_backend
+from ._builtin import CommandAgent, NullAgent, ReferenceAgent
+from ._react import ReactAgent
+
+DEFAULT_MODEL = f"local/{DEFAULT_LOCAL_MODEL}"
+BUILTIN = ("react", "reference", "null")
+
+
+def needs_model(agent: str) -> bool:
+    return agent == "react" or (":" in agent and not agent.startswith("cmd:"))
+
+
+def make_agent(agent: str, model: str | None = None, base_url: str | None = None, max_iterations: int = 15,
+               **backend_options):
+    """``react`` (with ``model``, default the local 1.5B), ``reference``, ``null``, ``cmd:PROGRAM ARGS``
+    or ``package.module:Class``."""
+    if agent == "reference":
+        return ReferenceAgent()
+    if agent == "null":
+        return NullAgent()
+    if agent.startswith("cmd:"):
+        command = agent[4:].strip()
+        if not command:
+            raise ValueError("--agent cmd: needs a program, e.g. cmd:\"python my_agent.py\"")
+        return CommandAgent(command)
+    if agent == "react":
+        return ReactAgent(make_backend(model or DEFAULT_MODEL, base_url=base_url, **backend_options),
+                          max_iterations=max_iterations)
+    if ":" in agent:
+        cls = load_class(agent)
+        backend = (make_backend(model or DEFAULT_MODEL, base_url=base_url, **backend_options)
+                   if "backend" in inspect.signature(cls).parameters else None)
+        obj = instantiate(cls, backend=backend, max_iterations=max_iterations)
+        if not callable(getattr(obj, "run", None)):
+            raise ValueError(f"agent {agent!r} has no run(task) method")
+        if not getattr(obj, "name", None):
+            obj.name = agent
+        return obj
+    raise ValueError(f"unknown agent {agent!r}: use react, reference, null, cmd:PROGRAM or package.module:Class")

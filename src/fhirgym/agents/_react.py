@@ -1,0 +1,106 @@
+"""The ReAct tool-calling agent: a chat model, the episode's tools, at most ``max_iterations`` turns.
+
+System prompt + clock block (the task's frozen now) + task prompt; each turn the model either calls
+tools (every call runs through the episode's toolbox and its JSON result goes back as a ``tool``
+message) or replies without a call, which ends the episode. When the context fills up, the oldest tool
+results are elided (with a note saying so) rather than failing the episode outright.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import orjson
+
+from ._agent import AgentResult, AgentTask, clock_block
+from ._backend import BackendError, ChatBackend, ContextLengthExceeded
+
+SYSTEM_PROMPT = """You are a careful health-IT assistant working on an HL7 FHIR R4 server through tools.
+- Use the tools to look things up and to make changes; never invent ids, codes or values.
+- Search with FHIR search parameters (e.g. Patient by family/given/birthdate; Slot by schedule/status/start).
+- Change only what the request asks for. To update a resource, read it, change what is needed and send
+  the whole resource back.
+- When you are done, reply without calling a tool, in the answer format the request asks for."""
+
+_GAVE_UP = re.compile(r"\b(i can(?:no|')t|i am unable|i'm unable|unable to (?:find|complete|help)|i'm sorry)\b", re.I)
+ELIDED = "[earlier tool output elided to fit the context window]"
+
+
+class ReactAgent:
+    """Tool-calling loop over any :class:`ChatBackend`."""
+
+    def __init__(self, backend: ChatBackend, max_iterations: int = 15, temperature: float = 0.0,
+                 max_tokens: int = 1024, system_prompt: str = SYSTEM_PROMPT, seed: int | None = 0) -> None:
+        self.backend = backend
+        self.name = "react"
+        self.max_iterations = max_iterations
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        self.system_prompt = system_prompt
+        self.seed = seed
+
+    def run(self, task: AgentTask) -> AgentResult:
+        system = self.system_prompt + "\n\n" + clock_block(task.now)
+        if task.extra.get("system_suffix"):
+            system += "\n\n" + task.extra["system_suffix"]
+        messages: list[dict] = [{"role": "system", "content": system}, {"role": "user", "content": task.prompt}]
+        result = AgentResult(None, "max_iterations", messages=messages)
+        schemas = task.tools.schemas()
+        limit = min(task.max_iterations, self.max_iterations)
+        while result.iterations < limit:
+            result.iterations += 1
+            reply = self._chat(messages, schemas, result)
+            if reply is None:
+                return result
+            call_msgs = [{"id": c.id or f"call_{result.iterations}_{i}", "type": "function",
+                          "function": {"name": c.name, "arguments": orjson.dumps(c.arguments).decode()}}
+                         for i, c in enumerate(reply.tool_calls)]
+            assistant: dict = {"role": "assistant", "content": reply.text or ""}
+            if call_msgs:
+                assistant["tool_calls"] = call_msgs
+            messages.append(assistant)
+            if not reply.tool_calls:
+                text = (reply.text or "").strip()
+                result.final_answer = text or None
+                gave_up = not text or ("<answer>" not in text.lower() and _GAVE_UP.search(text))
+                result.stop_reason = "gave_up" if gave_up else "answered"
+                return result
+            for call, msg in zip(reply.tool_calls, call_msgs, strict=True):
+                done = task.tools.call(call.name, call.arguments)
+                messages.append({"role": "tool", "tool_call_id": msg["id"], "name": call.name,
+                                 "content": orjson.dumps(done.output, default=str).decode()})
+        return result
+
+    def _chat(self, messages: list[dict], schemas: list[dict], result: AgentResult):
+        """One model turn; None when the episode must stop (infrastructure error or no room left)."""
+        for _ in range(4):
+            t0 = time.perf_counter()
+            try:
+                reply = self.backend.chat(messages, schemas, temperature=self.temperature,
+                                          max_tokens=self.max_tokens, seed=self.seed)
+            except ContextLengthExceeded:
+                result.model_s += time.perf_counter() - t0
+                if not _elide_oldest(messages):
+                    result.stop_reason = "error"
+                    result.final_answer = None
+                    return None
+                continue
+            except BackendError as exc:
+                result.model_s += time.perf_counter() - t0
+                result.stop_reason, result.error = "error", str(exc)
+                return None
+            result.model_s += time.perf_counter() - t0
+            result.prompt_tokens += reply.prompt_tokens
+            result.completion_tokens += reply.completion_tokens
+            return reply
+        result.stop_reason = "error"
+        return None
+
+
+def _elide_oldest(messages: list[dict]) -> bool:
+    for msg in messages:
+        if msg["role"] == "tool" and msg["content"] != ELIDED:
+            msg["content"] = ELIDED
+            return True
+    return False

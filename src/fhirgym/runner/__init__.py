@@ -1,0 +1,24 @@
+"""Episodes and evaluation runs: forking, running an agent, validating, crash-safe result files.
+
+    from fhirgym.runner import EvalSpec, run_eval
+    results = run_eval(EvalSpec(out=Path("runs/x"), agent="reference", tasks="scheduling"), world)
+"""
+
+from ._episode import EpisodeKey, run_episode
+from ._eval import CONFIGS, EvalError, EvalSpec, plan, progress_line, run_eval, summary
+from ._results import RESULTS, append_result, read_results
+
+__all__ = [
+    "CONFIGS",
+    "RESULTS",
+    "EpisodeKey",
+    "EvalError",
+    "EvalSpec",
+    "append_result",
+    "plan",
+    "progress_line",
+    "read_results",
+    "run_episode",
+    "run_eval",
+    "summary",
+]

@@ -1,0 +1,67 @@
+"""Tasks: families (params, prompt, setup, gold, reference solution), instances, validators, failure modes.
+
+    from fhirgym.tasks import TaskWorld, families, make_instance
+    world = TaskWorld.open(path_of_a_world_file)
+    inst = make_instance("scheduling.book_first_free_slot", seed=3, world=world)
+    with inst.open() as ep:             # isolated store at the pre-run state
+        ...                              # an agent works through ep.toolbox()
+        verdict = ep.finish(final_answer)
+"""
+
+from ._answer import NOT_FOUND, AnswerSpec, Field, answer_text, parse_answer
+from ._diff import Change, diff, mark
+from ._expect import Check, Expect, match
+from ._failure import MODES, failure_modes, proximity
+from ._family import (
+    CATEGORIES,
+    CATEGORY_TITLES,
+    DEFAULT_SUBSET,
+    Episode,
+    Family,
+    Gold,
+    Instance,
+    TaskInfeasible,
+    TaskWorld,
+    Verdict,
+    View,
+    families,
+    frozen_now,
+    get_family,
+    make_instance,
+    register,
+    select,
+)
+
+__all__ = [
+    "CATEGORIES",
+    "CATEGORY_TITLES",
+    "DEFAULT_SUBSET",
+    "MODES",
+    "NOT_FOUND",
+    "AnswerSpec",
+    "Change",
+    "Check",
+    "Episode",
+    "Expect",
+    "Family",
+    "Field",
+    "Gold",
+    "Instance",
+    "TaskInfeasible",
+    "TaskWorld",
+    "Verdict",
+    "View",
+    "answer_text",
+    "diff",
+    "failure_modes",
+    "families",
+    "frozen_now",
+    "get_family",
+    "make_instance",
+    "mark",
+    "match",
+    "parse_answer",
+    "proximity",
+    "register",
+    "select",
+]

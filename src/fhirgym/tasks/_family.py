@@ -1,0 +1,417 @@
+"""Task families and their instances: the few nouns every other part of fhirgym speaks.
+
+A :class:`Family` is a kind of request ("book the first free slot with Dr X"): it samples its parameters
+from the world by seed, writes its prompt (ending with the required answer format), adds setup
+resources on top of the world, states the gold — expected answer and expected state change — and has a
+reference solution written with the same tools agents get. An :class:`Instance` is a family plus a seed:
+params, prompt, setup, a frozen ``now`` and the gold, all fixed **before any agent acts** (the published
+sandbox recomputed gold answers after the agent had changed the server).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from functools import cached_property
+from pathlib import Path
+from typing import Any, ClassVar
+
+import orjson
+
+from ..fhir import FhirServer, InProcessClient, ServerConfig, Snapshot, Store
+from ..tools import FHIR_TOOLS, ToolCall, Toolbox, ToolContext
+from ._answer import AnswerSpec, answer_text, render
+from ._diff import Change, Mark, diff, mark
+from ._expect import Expect, match
+
+CATEGORIES = ("records", "billing", "scheduling", "orders", "clinical")
+CATEGORY_TITLES = {"records": "Patient records", "billing": "Insurance & billing",
+                   "scheduling": "Scheduling & appointments", "orders": "Surgery & genetic test orders",
+                   "clinical": "Clinical orders"}
+WORLD_META_KEY = "fhirgym.world"
+
+
+class TaskInfeasible(RuntimeError):
+    """No entity of the world fits this family for this seed (after many draws)."""
+
+
+@dataclass
+class Gold:
+    """What a correct agent achieves: the answer (None: not checked) and the required state change."""
+
+    answer: Any = None
+    expects: list[Expect] = field(default_factory=list)
+
+
+class View:
+    """Read access to a world state for sampling and gold computation (never used by agents).
+
+    ``cache`` is shared by every view of the same world file: families keep derived, base-only facts
+    there (e.g. the list of practitioners) so that creating an instance stays in milliseconds.
+    """
+
+    def __init__(self, world: TaskWorld, client: InProcessClient, now: datetime) -> None:
+        self.world = world
+        self.client = client
+        self.now = now
+
+    @property
+    def anchor(self) -> date:
+        return self.world.anchor
+
+    @property
+    def cache(self) -> dict[str, Any]:
+        return self.world.cache
+
+    def cached(self, key: str, compute) -> Any:
+        if key not in self.world.cache:
+            self.world.cache[key] = compute()
+        return self.world.cache[key]
+
+    def search(self, rtype: str, params: dict | list | None = None) -> list[dict]:
+        """Every match, all pages; a rejected search is a bug in the family, so it raises."""
+        resp = self.client.search(rtype, params)
+        out: list[dict] = []
+        while True:
+            if resp.status != 200 or not resp.body:
+                raise RuntimeError(f"gold search {rtype}?{params} failed: {resp.status} {resp.body}")
+            out += [e["resource"] for e in resp.body.get("entry", []) if e.get("search", {}).get("mode") != "include"]
+            nxt = next((lk["url"] for lk in resp.body.get("link", []) if lk.get("relation") == "next"), None)
+            if not nxt:
+                return out
+            resp = self.client.follow(nxt)
+
+    def read(self, rtype: str, rid: str) -> dict | None:
+        resp = self.client.read(rtype, rid)
+        return resp.body if resp.status == 200 else None
+
+
+class TaskWorld:
+    """A world file opened for tasks: its snapshot, anchor date, the spec and a per-world cache."""
+
+    _open: ClassVar[dict[Path, TaskWorld]] = {}
+
+    def __init__(self, path: str | Path) -> None:
+        from ..spec import load_spec
+
+        self.path = Path(path).resolve()
+        self.snapshot = Snapshot(self.path)
+        self.spec = load_spec()
+        self.cache: dict[str, Any] = {}
+        store = self.snapshot.open()
+        try:
+            manifest = orjson.loads(store.get_meta(WORLD_META_KEY) or "{}")
+        finally:
+            store.close()
+        self.manifest = manifest
+        self.anchor = date.fromisoformat(manifest.get("anchor") or "2025-06-02")
+        self.lock = threading.Lock()
+        self._scratch: InProcessClient | None = None
+        self._now = datetime.now(UTC)
+
+    def scratch(self, now: datetime) -> InProcessClient:
+        """The world's one scratch store (reset, clock set to ``now``) where instances are prepared.
+
+        Reusing it saves opening and closing a connection per instance; callers hold ``self.lock``.
+        """
+        if self._scratch is None:
+            server = FhirServer(self.snapshot.open(), self.spec, ServerConfig(clock=lambda: self._now))
+            self._scratch = InProcessClient(server, self.snapshot)
+        self._now = now
+        self._scratch.reset()
+        return self._scratch
+
+    @classmethod
+    def open(cls, path: str | Path) -> TaskWorld:
+        """One TaskWorld per file and process (its cache is worth keeping)."""
+        key = Path(path).resolve()
+        if key not in cls._open:
+            cls._open[key] = cls(key)
+        return cls._open[key]
+
+
+class Family:
+    """Base class of task families; subclasses set the class attributes and implement the hooks.
+
+    Hooks: :meth:`sample` (params from the world, None if this draw does not fit), :meth:`prompt`,
+    :meth:`setup` (resources to add, with fixed ids), :meth:`gold` (answer + expected changes, from the
+    pre-run state), :meth:`solve` (the reference solution, through the tools; returns the final text).
+    """
+
+    id: ClassVar[str]
+    category: ClassVar[str]
+    difficulty: ClassVar[int]  # 1 = one lookup, 2 = several steps or a filter, 3 = reasoning over many
+    writes: ClassVar[bool]
+    resource_types: ClassVar[tuple[str, ...]]  # the agent must touch each of these
+    sequences: ClassVar[tuple[tuple[str, ...], ...]]  # alternative required tool-call sequences
+    prohibited_tools: ClassVar[tuple[str, ...]] = ()
+    answer: ClassVar[AnswerSpec | None] = None
+    title: ClassVar[str] = ""
+
+    def sample(self, view: View, rng: random.Random) -> dict | None:
+        raise NotImplementedError
+
+    def prompt(self, params: dict) -> str:
+        raise NotImplementedError
+
+    def setup(self, view: View, params: dict) -> list[dict]:
+        return []
+
+    def gold(self, view: View, params: dict) -> Gold:
+        raise NotImplementedError
+
+    def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
+        raise NotImplementedError
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def full_prompt(self, params: dict) -> str:
+        text = self.prompt(params).strip()
+        if self.answer is not None:
+            return text + "\n\n" + self.answer.instructions()
+        return text + "\n\nWhen you have finished, reply with a one-sentence summary of what you did."
+
+
+_REGISTRY: dict[str, Family] = {}
+
+
+def register(cls: type[Family]) -> type[Family]:
+    """Class decorator: make a family available by its id."""
+    for attr in ("id", "category", "difficulty", "writes", "resource_types", "sequences"):
+        if not hasattr(cls, attr):
+            raise TypeError(f"{cls.__name__} lacks {attr}")
+    if cls.category not in CATEGORIES:
+        raise TypeError(f"{cls.id}: unknown category {cls.category}")
+    if cls.difficulty not in (1, 2, 3):
+        raise TypeError(f"{cls.id}: difficulty must be 1, 2 or 3")
+    if cls.id in _REGISTRY and type(_REGISTRY[cls.id]) is not cls:
+        raise TypeError(f"duplicate task id {cls.id}")
+    if not cls.writes and cls.answer is None:
+        raise TypeError(f"{cls.id}: a read-only family needs an answer spec")
+    _REGISTRY[cls.id] = cls()
+    return cls
+
+
+def families() -> list[Family]:
+    from . import library  # noqa: F401  (registers the built-in families)
+
+    return sorted(_REGISTRY.values(), key=lambda f: (CATEGORIES.index(f.category), f.id))
+
+
+def get_family(task_id: str) -> Family:
+    fams = {f.id: f for f in families()}
+    if task_id not in fams:
+        raise KeyError(f"unknown task {task_id!r}; see `fhirgym tasks list`")
+    return fams[task_id]
+
+
+def frozen_now(anchor: date, rng: random.Random) -> datetime:
+    """A clock for an instance: a day from anchor-2 (Saturday) to anchor+4, any minute of the day."""
+    day = anchor + timedelta(days=rng.randint(-2, 4))
+    minute = rng.randrange(24 * 60)
+    return datetime(day.year, day.month, day.day, minute // 60, minute % 60, tzinfo=UTC)
+
+
+# -- instances -----------------------------------------------------------------------------------------
+
+@dataclass
+class Verdict:
+    success: bool
+    light_success: bool | None
+    answer_ok: bool | None
+    reasons: list[str]
+    collateral: list[str]
+    changes: list[Change]
+
+    def to_json(self) -> dict:
+        return {"success": self.success, "light_success": self.light_success, "answer_ok": self.answer_ok,
+                "reasons": self.reasons, "collateral": self.collateral}
+
+
+@dataclass
+class ReferenceRun:
+    text: str
+    calls: list[ToolCall]
+    verdict: Verdict
+
+
+@dataclass
+class Instance:
+    family: Family
+    seed: int
+    params: dict
+    now: datetime
+    prompt: str
+    setup: list[dict]
+    snapshot: Snapshot  # world base + setup layer: the pre-run state
+    gold: Gold
+    world: TaskWorld
+    paraphrase: int = 0
+
+    @property
+    def task_id(self) -> str:
+        return self.family.id
+
+    @property
+    def prompt_id(self) -> str:
+        return hashlib.sha256(self.prompt.encode()).hexdigest()[:16]
+
+    def server_config(self) -> ServerConfig:
+        now = self.now
+        return ServerConfig(clock=lambda: now, id_seed=self.seed)
+
+    def open(self) -> Episode:
+        """An isolated store at the pre-run state, with a server and client on it."""
+        store = self.snapshot.open()
+        server = FhirServer(store, self.world.spec, self.server_config())
+        return Episode(self, store, InProcessClient(server, self.snapshot), mark(store))
+
+    def validate(self, final_answer: str | None, changes: list[Change]) -> Verdict:
+        fam = self.family
+        reasons: list[str] = []
+        answer_ok: bool | None = None
+        if fam.answer is not None and self.gold.answer is not None:
+            why = fam.answer.compare(fam.answer.parse(final_answer), self.gold.answer)
+            answer_ok = not why
+            reasons += [f"answer: {r}" for r in why]
+        m = match(self.gold.expects, changes)
+        for exp, why in m.unmet:
+            reasons += [f"missing change: {exp.describe()}: {'; '.join(why)}"]
+        collateral = [f"{c.op} {c.key}" for c in m.collateral]
+        reasons += [f"collateral write: {c}" for c in collateral]
+        success = not reasons
+        light = (m.light_ok and bool(changes)) if fam.writes else None
+        return Verdict(success, light, answer_ok, reasons, collateral, changes)
+
+    @cached_property
+    def reference(self) -> ReferenceRun:
+        """The reference solution run on a private copy: its final text, tool calls and verdict."""
+        with self.open() as ep:
+            box = ep.toolbox()
+            text = self.family.solve(box, self.params, self.now)
+            return ReferenceRun(text, box.calls, ep.finish(text))
+
+    @property
+    def expected_min_calls(self) -> int:
+        return len(self.reference.calls)
+
+    def gold_answer_text(self) -> str | None:
+        return None if self.gold.answer is None else answer_text(self.gold.answer)
+
+    def describe(self) -> dict:
+        """Everything `fhirgym tasks show` prints."""
+        return {"task_id": self.task_id, "category": self.family.category, "difficulty": self.family.difficulty,
+                "writes": self.family.writes, "seed": self.seed, "now": self.now.isoformat(),
+                "weekday": self.now.strftime("%A"), "params": render(self.params), "prompt": self.prompt,
+                "setup": [f"{r['resourceType']}/{r.get('id')}" for r in self.setup],
+                "gold_answer": None if self.gold.answer is None else render(self.gold.answer),
+                "expected_changes": [e.describe() for e in self.gold.expects],
+                "resource_types": list(self.family.resource_types),
+                "sequences": [list(s) for s in self.family.sequences],
+                "prohibited_tools": list(self.family.prohibited_tools)}
+
+
+@dataclass
+class Episode:
+    """One isolated run of an instance: its store, client and the pre-run marker for the diff."""
+
+    instance: Instance
+    store: Store
+    client: InProcessClient
+    start: Mark
+
+    def toolbox(self, tools=FHIR_TOOLS, budget: int | None = None) -> Toolbox:
+        ctx = ToolContext(self.client) if budget is None else ToolContext(self.client, budget)
+        return Toolbox(tools, ctx)
+
+    def changes(self) -> list[Change]:
+        return diff(self.store, self.start)
+
+    def finish(self, final_answer: str | None) -> Verdict:
+        return self.instance.validate(final_answer, self.changes())
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> Episode:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def make_instance(family: Family | str, seed: int, world: TaskWorld | str | Path, attempts: int = 64) -> Instance:
+    """Instantiate ``family`` for ``seed`` on ``world``: params, frozen now, setup, pre-run snapshot, gold."""
+    fam = get_family(family) if isinstance(family, str) else family
+    tw = world if isinstance(world, TaskWorld) else TaskWorld.open(world)
+    now = frozen_now(tw.anchor, random.Random(f"now|{fam.id}|{seed}"))
+    with tw.lock:
+        client = tw.scratch(now)
+        view = View(tw, client, now)
+        params = None
+        for attempt in range(attempts):
+            params = fam.sample(view, random.Random(f"{fam.id}|{seed}|{attempt}"))
+            if params is not None:
+                break
+        if params is None:
+            raise TaskInfeasible(f"{fam.id}: no fitting entity for seed {seed} after {attempts} draws")
+        setup = fam.setup(view, params)
+        for res in setup:
+            resp = view.client.update(res)
+            if resp.status not in (200, 201):
+                raise RuntimeError(f"{fam.id}: setup {res['resourceType']}/{res.get('id')} rejected: {resp.body}")
+        gold = fam.gold(view, params)
+        snapshot = client.server.store.snapshot() if setup else tw.snapshot
+    return Instance(fam, seed, params, now, fam.full_prompt(params), setup, snapshot, gold, tw)
+
+
+def instances(task_ids: list[str], seeds: list[int], world: TaskWorld) -> Iterator[Instance]:
+    for tid in task_ids:
+        for seed in seeds:
+            yield make_instance(tid, seed, world)
+
+
+#: The README's default subset: one family per category and difficulty mix, small enough for a 2-core
+#: machine with the local model (see README); `--tasks all` runs every family.
+DEFAULT_SUBSET = ("records.find_patient", "records.record_condition")
+
+
+def select(selector: str | None) -> list[Family]:
+    """Families matching a selector: comma-separated ids, globs (``scheduling.*``), categories,
+    ``reads``/``writes``, ``d1``–``d3``, ``all`` or ``default``; a leading ``-`` excludes."""
+    import fnmatch
+
+    every = families()
+    if not selector or selector == "all":
+        return every
+    chosen: list[Family] = []
+    excluded: set[str] = set()
+    for raw in (t.strip() for t in selector.split(",")):
+        if not raw:
+            continue
+        neg = raw.startswith("-")
+        term = raw[1:] if neg else raw
+        if term == "default":
+            hits = [f for f in every if f.id in DEFAULT_SUBSET]
+        elif term == "all":
+            hits = every
+        elif term in CATEGORIES:
+            hits = [f for f in every if f.category == term]
+        elif term in ("reads", "writes"):
+            hits = [f for f in every if f.writes == (term == "writes")]
+        elif len(term) == 2 and term[0] == "d" and term[1] in "123":
+            hits = [f for f in every if f.difficulty == int(term[1])]
+        else:
+            hits = [f for f in every if fnmatch.fnmatchcase(f.id, term)]
+            if not hits:
+                raise KeyError(f"no task matches {term!r}; see `fhirgym tasks list`")
+        if neg:
+            excluded.update(f.id for f in hits)
+        else:
+            chosen.extend(f for f in hits if f not in chosen)
+    if not chosen and excluded:
+        chosen = every
+    return [f for f in chosen if f.id not in excluded]

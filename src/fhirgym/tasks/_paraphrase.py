@@ -1,0 +1,114 @@
+"""Paraphrased prompts: the same instance asked in other words, generated once per (task, seed, model).
+
+The body of the prompt (not the answer-format sentence, which is re-appended verbatim) is rewritten by
+any chat model. A paraphrase is accepted only if every entity of the original survives: each parameter
+value quoted in the prompt (names, codes, ids), every number (dates, times, doses) and month name;
+otherwise it is rejected and retried. Accepted paraphrases are cached on disk, so settings that test
+robustness to wording (ANCHORS.md §1, settings 3 and 4) are reproducible without the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+
+from ..spec import cache_dir
+from ._family import Instance
+
+Complete = Callable[[list[dict]], str]
+
+INSTRUCTION = ("Rewrite the following request to a clinical information system in different words, as another "
+               "clinician or clerk might phrase it. Keep every name, date, time, number, code and identifier "
+               "exactly as written. Do not add or drop any requirement. Reply with the rewritten request only.")
+MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
+          "november", "december")
+
+
+class ParaphraseUnavailable(RuntimeError):
+    pass
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "model"
+
+
+def cache_path(task_id: str, seed: int, model: str, k: int) -> Path:
+    return cache_dir() / "paraphrases" / task_id / f"s{seed}" / _slug(model) / f"{k}.json"
+
+
+def _flat(value) -> list[str]:
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in _flat(v)]
+    if isinstance(value, list | tuple):
+        return [x for v in value for x in _flat(v)]
+    return [str(value)] if value is not None and not isinstance(value, bool) else []
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"\s+", " ", text).casefold()
+
+
+def entities(body: str, params: dict) -> list[str]:
+    """What a paraphrase of ``body`` must keep."""
+    low = _norm(body)
+    found = {v for v in _flat(params) if len(v) > 1 and _norm(v) in low}
+    found |= set(re.findall(r"\d+(?:[.:/-]\d+)*", body))
+    found |= {m for m in MONTHS if re.search(rf"\b{m}\b", low)}
+    return sorted(found, key=lambda e: (-len(e), e))
+
+
+def missing_entities(original: str, candidate: str, params: dict) -> list[str]:
+    cand = _norm(candidate)
+    return [e for e in entities(original, params) if _norm(e) not in cand]
+
+
+def _split(prompt: str, inst: Instance) -> tuple[str, str]:
+    """(body, format sentence) of a full prompt."""
+    body = inst.family.prompt(inst.params).strip()
+    tail = prompt[len(body):] if prompt.startswith(body) else ""
+    return body, tail
+
+
+def paraphrase(inst: Instance, complete: Complete, model: str, k: int = 1, attempts: int = 4,
+               use_cache: bool = True) -> Instance:
+    """The ``k``-th paraphrase of ``inst`` (generated with ``complete`` if not cached)."""
+    path = cache_path(inst.task_id, inst.seed, model, k)
+    if use_cache and path.exists():
+        return _with_prompt(inst, orjson.loads(path.read_bytes())["prompt"], k)
+    body, tail = _split(inst.prompt, inst)
+    problems: list[str] = []
+    for attempt in range(attempts):
+        messages = [{"role": "system", "content": INSTRUCTION},
+                    {"role": "user", "content": f"(variant {k}, attempt {attempt + 1})\n\n{body}"}]
+        text = (complete(messages) or "").strip().strip('"').strip()
+        missing = missing_entities(body, text, inst.params)
+        if text and not missing and _norm(text) != _norm(body):
+            prompt = text + tail
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(orjson.dumps({"task_id": inst.task_id, "seed": inst.seed, "model": model, "k": k,
+                                           "original": inst.prompt, "prompt": prompt, "attempts": attempt + 1}))
+            return _with_prompt(inst, prompt, k)
+        problems.append(f"attempt {attempt + 1}: " + (f"lost {missing}" if missing else "empty or unchanged"))
+    raise ParaphraseUnavailable(f"{inst.task_id} seed {inst.seed}: no faithful paraphrase ({'; '.join(problems)})")
+
+
+def cached_paraphrase(inst: Instance, k: int, model: str | None = None) -> Instance:
+    """A paraphrase from the cache only (evaluation runs never call a model for it)."""
+    root = cache_dir() / "paraphrases" / inst.task_id / f"s{inst.seed}"
+    models = [_slug(model)] if model else sorted(p.name for p in root.glob("*") if (p / f"{k}.json").exists())
+    for m in models:
+        path = root / m / f"{k}.json"
+        if path.exists():
+            return _with_prompt(inst, orjson.loads(path.read_bytes())["prompt"], k)
+    raise ParaphraseUnavailable(f"no cached paraphrase {k} of {inst.task_id} seed {inst.seed}: run "
+                                f"`fhirgym tasks paraphrase --tasks {inst.task_id} --seeds {inst.seed + 1} --count {k}`")
+
+
+def _with_prompt(inst: Instance, prompt: str, k: int) -> Instance:
+    new = dataclasses.replace(inst, prompt=prompt, paraphrase=k)
+    new.__dict__.pop("reference", None)
+    return new

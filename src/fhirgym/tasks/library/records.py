@@ -1,0 +1,590 @@
+"""Patient records (ANCHORS.md §1, 7 tasks): register, find, report absence, conditions, family history."""
+
+from __future__ import annotations
+
+import random
+from datetime import date, datetime, timedelta
+
+from ...tools import Toolbox
+from .._answer import NOT_FOUND, AnswerSpec, Field
+from .._expect import Check, Expect, coded, custom, eq, on_day, one_of, ref
+from .._family import Family, Gold, View, register
+from ._common import SNOMED, full_name, human_date, living_patients, official_name, pick
+
+READ_ONLY = ("createResource", "updateResource", "deleteResource")
+CLINICAL = "http://terminology.hl7.org/CodeSystem/condition-clinical"
+VERIFICATION = "http://terminology.hl7.org/CodeSystem/condition-ver-status"
+
+
+def _find_patient(tools: Toolbox, name: str, birth_date: str) -> list[dict]:
+    given, family = name.split()[0], name.split()[-1]
+    out = tools.call("searchResources", {"resourceType": "Patient",
+                                         "params": {"given": given, "family": family, "birthdate": birth_date}}).output
+    return [p for p in out.get("resources", []) if full_name(p) == name]
+
+
+@register
+class FindPatient(Family):
+    id = "records.find_patient"
+    title = "Find an existing patient by name and date of birth"
+    category = "records"
+    difficulty = 1
+    writes = False
+    resource_types = ("Patient",)
+    sequences = (("searchResources",),)
+    prohibited_tools = READ_ONLY
+    answer = AnswerSpec((Field("patient_id", "id", "the Patient resource id"),), none_allowed=True)
+
+    def sample(self, view: View, rng: random.Random) -> dict | None:
+        p = pick(rng, living_patients(view))
+        return {"name": full_name(p), "birth_date": p["birthDate"]}
+
+    def prompt(self, params: dict) -> str:
+        return (f"Is {params['name']}, born {human_date(params['birth_date'])}, registered as a patient here? "
+                "If so, give me the patient's record id.")
+
+    def gold(self, view: View, params: dict) -> Gold:
+        family = params["name"].split()[-1]
+        found = [p for p in view.search("Patient", {"family": family, "birthdate": params["birth_date"]})
+                 if full_name(p) == params["name"]]
+        assert len(found) == 1, f"{params} matches {len(found)} patients"
+        return Gold(answer={"patient_id": found[0]["id"]})
+
+    def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
+        found = _find_patient(tools, params["name"], params["birth_date"])
+        return f'<answer>{{"patient_id": "{found[0]["id"]}"}}</answer>' if found else '<answer>{"found": false}</answer>'
+
+
+HYPERTENSION = ("59621000", "Essential hypertension (disorder)")
+
+
+@register
+class RecordCondition(Family):
+    id = "records.record_condition"
+    title = "Record a diagnosis (SNOMED) as a Condition"
+    category = "records"
+    difficulty = 2
+    writes = True
+    resource_types = ("Patient", "Condition")
+    sequences = (("searchResources", "createResource"),)
+
+    def sample(self, view: View, rng: random.Random) -> dict | None:
+        p = pick(rng, living_patients(view))
+        return {"patient_id": p["id"], "name": full_name(p), "birth_date": p["birthDate"],
+                "code": HYPERTENSION[0], "display": HYPERTENSION[1]}
+
+    def prompt(self, params: dict) -> str:
+        return (f"Please record that {params['name']} (born {human_date(params['birth_date'])}) was diagnosed today "
+                f"with essential hypertension (SNOMED CT {params['code']}). Record it as an active, confirmed "
+                "condition with today's date as the onset.")
+
+    def gold(self, view: View, params: dict) -> Gold:
+        today = view.now.date().isoformat()
+        return Gold(expects=[Expect("create", "Condition", checks=(
+            ref("subject", f"Patient/{params['patient_id']}"),
+            coded("code", SNOMED, params["code"]),
+            coded("clinicalStatus", CLINICAL, "active"),
+            coded("verificationStatus", VERIFICATION, "confirmed"),
+            on_day("onsetDateTime", today),
+        ))])
+
+    def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
+        patient = _find_patient(tools, params["name"], params["birth_date"])[0]
+        tools.call("createResource", {"resourceType": "Condition", "body": {
+            "resourceType": "Condition",
+            "clinicalStatus": {"coding": [{"system": CLINICAL, "code": "active"}]},
+            "verificationStatus": {"coding": [{"system": VERIFICATION, "code": "confirmed"}]},
+            "code": {"coding": [{"system": SNOMED, "code": params["code"], "display": params["display"]}]},
+            "subject": {"reference": f"Patient/{patient['id']}"},
+            "onsetDateTime": now.date().isoformat(),
+        }})
+        return "Recorded the diagnosis."
+
+
+# -- shared facts and helpers of the records (and billing) families -----------------------------------
+
+ROLE_CODE = "http://terminology.hl7.org/CodeSystem/v3-RoleCode"
+FEMALE_GIVEN = ("Abigail", "Beatrice", "Camille", "Delphine", "Eloise", "Fiona", "Greta", "Harriet", "Imogen",
+                "Josephine", "Katarina", "Lorena", "Marisol", "Nadine", "Odette", "Priscilla", "Rosalind",
+                "Sabine", "Tamsin", "Ursula", "Valentina", "Wilhelmina", "Yolanda", "Zinnia")
+MALE_GIVEN = ("Ambrose", "Barnaby", "Cornelius", "Desmond", "Evander", "Fitzgerald", "Gideon", "Horatio",
+              "Ignatius", "Jasper", "Leopold", "Mortimer", "Nikolai", "Oswald", "Percival", "Quentin",
+              "Rupert", "Sebastian", "Thaddeus", "Ulysses", "Vincenzo", "Winston", "Xavier", "Zebedee")
+FAMILY_NAMES = ("Ashworth", "Blackwood", "Castellano", "Dunmore", "Everly", "Fairbanks", "Galloway",
+                "Hargreaves", "Iverson", "Kettleborough", "Lindqvist", "Marchetti", "Northcott", "Okonkwo",
+                "Pemberton", "Quigley", "Rasmussen", "Saltonstall", "Thistlewood", "Underhill", "Vasquez-Moreno",
+                "Whitcombe", "Yardley", "Zielinski")
+STREETS = ("Elm Street", "Maple Avenue", "Chestnut Street", "Harbor View Road", "Pleasant Street",
+           "Washington Street", "Orchard Lane", "Beacon Street", "Summer Street", "Prospect Hill Road")
+TOWNS = (("Boston", "02118"), ("Cambridge", "02139"), ("Worcester", "01608"), ("Lowell", "01852"),
+         ("Springfield", "01103"), ("Quincy", "02169"), ("Somerville", "02144"), ("Salem", "01970"))
+AREA_CODES = ("617", "508", "781", "978", "413")
+
+
+def pronoun(gender: str | None) -> str:
+    """The possessive a clerk would write for a person of this gender."""
+    return {"female": "her", "male": "his"}.get(gender or "", "their")
+
+
+def all_patients(view: View) -> list[dict]:
+    """Every Patient of the world (living or not) with name and birth date, sorted by id (cached)."""
+    def compute() -> list[dict]:
+        pats = view.search("Patient", {"_count": "1000", "_elements": "name,birthDate,gender,deceased"})
+        return sorted((p for p in pats if p.get("name")), key=lambda p: p["id"])
+    return view.cached("records.all_patients", compute)
+
+
+def same_name(view: View, name: str) -> list[dict]:
+    """Every Patient whose full name (given family) is ``name`` (cached index)."""
+    def compute() -> dict[str, list[dict]]:
+        out: dict[str, list[dict]] = {}
+        for p in all_patients(view):
+            out.setdefault(full_name(p), []).append(p)
+        return out
+    return view.cached("records.by_name", compute).get(name, [])
+
+
+def _name_pairs(resource: dict) -> set[tuple[str, str]]:
+    """(given, family) of every name of a resource, casefolded (official, maiden, every given name)."""
+    out = set()
+    for n in resource.get("name") or []:
+        for g in n.get("given") or []:
+            out.add((g.casefold(), str(n.get("family", "")).casefold()))
+    return out
+
+
+def taken_names(view: View) -> set[tuple[str, str]]:
+    """(given, family) pairs any Patient or RelatedPerson of the world already has (cached)."""
+    def compute() -> set[tuple[str, str]]:
+        out: set[tuple[str, str]] = set()
+        for p in all_patients(view):
+            out |= _name_pairs(p)
+        for rp in view.search("RelatedPerson", {"_count": "1000", "_elements": "name"}):
+            out |= _name_pairs(rp)
+        return out
+    return view.cached("records.taken_names", compute)
+
+
+def new_name(view: View, rng: random.Random, gender: str, family: str | None = None) -> tuple[str, str] | None:
+    """A (given, family) nobody in the world has; ``family`` fixed if given. None if the draw collides."""
+    given = rng.choice(FEMALE_GIVEN if gender == "female" else MALE_GIVEN)
+    family = family or rng.choice(FAMILY_NAMES)
+    return None if (given.casefold(), family.casefold()) in taken_names(view) else (given, family)
+
+
+def new_phone(rng: random.Random) -> str:
+    return f"{rng.choice(AREA_CODES)}-555-01{rng.randrange(100):02d}"
+
+
+def digits(text: object) -> str:
+    return "".join(ch for ch in str(text) if ch.isdigit())
+
+
+def phone_check(phone: str) -> Check:
+    """Some phone ContactPoint has this number (formatting and a leading country code 1 ignored)."""
+    want = digits(phone)
+
+    def fn(after: dict, before: dict | None) -> str | None:
+        got = [t.get("value") for t in after.get("telecom") or [] if isinstance(t, dict)
+               and t.get("system", "phone") == "phone"]
+        ok = any(digits(g)[-10:] == want and len(digits(g)) in (10, 11) for g in got)
+        return None if ok else f"telecom phones are {got or 'missing'}, expected {phone}"
+    return custom("telecom", f"telecom has phone {phone}", fn)
+
+
+def random_birth(rng: random.Random, lo: date, hi: date) -> date:
+    return lo + timedelta(days=rng.randrange((hi - lo).days))
+
+
+def find_patient(tools: Toolbox, name: str, birth_date: str) -> dict | None:
+    """The reference solutions' patient lookup: by given, family and birth date, full name confirmed."""
+    found = _find_patient(tools, name, birth_date)
+    return found[0] if len(found) == 1 else None
+
+
+def unique_patient(view: View, name: str, birth_date: str) -> dict:
+    """The one Patient (living or not) with this full name and birth date, from the cached world facts."""
+    found = [p for p in same_name(view, name) if p.get("birthDate") == birth_date]
+    assert len(found) == 1, f"{name} {birth_date} matches {len(found)} patients"
+    return found[0]
+
+
+def _person_params(p: dict) -> dict:
+    return {"patient_id": p["id"], "name": full_name(p), "birth_date": p["birthDate"], "gender": p.get("gender")}
+
+
+# -- registering patients -------------------------------------------------------------------------------
+
+@register
+class CreatePatient(Family):
+    """Every demographic element the clerk states must land in the right Patient element."""
+
+    id = "records.create_patient"
+    title = "Register a new patient with name, gender, birth date, phone and address"
+    category = "records"
+    difficulty = 1
+    writes = True
+    resource_types = ("Patient",)
+    sequences = (("createResource",),)
+
+    def sample(self, view: View, rng: random.Random) -> dict | None:
+        gender = rng.choice(("female", "male"))
+        relative = pick(rng, all_patients(view)) if rng.random() < 0.3 else None  # a newcomer of a known family
+        family = official_name(relative).get("family") if relative else None
+        name = new_name(view, rng, gender, family)
+        if name is None:
+            return None
+        birth = random_birth(rng, date(1938, 1, 1), view.anchor - timedelta(days=200))
+        town, postal = rng.choice(TOWNS)
+        return {"given": name[0], "family": name[1], "gender": gender, "birth_date": birth.isoformat(),
+                "phone": new_phone(rng), "line": f"{rng.randint(2, 990)} {rng.choice(STREETS)}", "city": town,
+                "postal": postal}
+
+    def prompt(self, params: dict) -> str:
+        return (f"Please register a new patient: {params['given']} {params['family']}, {params['gender']}, born "
+                f"{human_date(params['birth_date'])}. Phone number {params['phone']}; home address "
+                f"{params['line']}, {params['city']}, MA {params['postal']}.")
+
+    def gold(self, view: View, params: dict) -> Gold:
+        assert (params["given"].casefold(), params["family"].casefold()) not in taken_names(view)
+        return Gold(expects=[Expect("create", "Patient", checks=(
+            eq("name.family", params["family"]),
+            eq("name.given", params["given"]),
+            eq("gender", params["gender"]),
+            eq("birthDate", params["birth_date"]),
+            phone_check(params["phone"]),
+            eq("address.line", params["line"]),
+            eq("address.city", params["city"]),
+            eq("address.postalCode", params["postal"]),
+            one_of("address.state", ("MA", "Massachusetts")),
+        ))])
+
+    def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
+        name = f"{params['given']} {params['family']}"
+        if find_patient(tools, name, params["birth_date"]):
+            return "This patient is already registered."
+        tools.call("createResource", {"resourceType": "Patient", "body": {
+            "resourceType": "Patient", "active": True,
+            "name": [{"use": "official", "family": params["family"], "given": [params["given"]]}],
+            "telecom": [{"system": "phone", "value": params["phone"], "use": "home"}],
+            "gender": params["gender"], "birthDate": params["birth_date"],
+            "address": [{"use": "home", "line": [params["line"]], "city": params["city"], "state": "MA",
+                         "postalCode": params["postal"], "country": "US"}],
+        }})
+        return f"Registered {name}."
+
+
+@register
+class PatientNotFound(Family):
+    """Near-misses: a registered patient's name with another birth date, or a registered birth date
+    under another name; only name and birth date together identify a patient."""
+
+    id = "records.patient_not_found"
+    title = "Report that nobody with this name and date of birth is registered"
+    category = "records"
+    difficulty = 2
+    writes = False
+    resource_types = ("Patient",)
+    sequences = (("searchResources",),)
+    prohibited_tools = READ_ONLY
+    answer = FindPatient.answer
+
+    def sample(self, view: View, rng: random.Random) -> dict | None:
+        pats = all_patients(view)
+        kind = rng.choice(("namesake", "same_birth_date", "stranger"))
+        p = pick(rng, pats)
+        if kind == "namesake":  # the person's name, a birth date years away from every bearer's
+            name = full_name(p)
+            pairs = _name_pairs(p)
+            births = [date.fromisoformat(q["birthDate"]) for q in pats if q.get("birthDate") and pairs & _name_pairs(q)]
+            birth = random_birth(rng, date(1935, 1, 1), view.anchor - timedelta(days=400))
+            if any(abs((birth - b).days) < 3 * 365 for b in births):
+                return None
+        else:
+            drawn = new_name(view, rng, p.get("gender") or rng.choice(("female", "male")))
+            if drawn is None:
+                return None
+            name = " ".join(drawn)
+            birth = (date.fromisoformat(p["birthDate"]) if kind == "same_birth_date" and p.get("birthDate")
+                     else random_birth(rng, date(1935, 1, 1), view.anchor - timedelta(days=400)))
+        return {"name": name, "birth_date": birth.isoformat(), "kind": kind}
+
+    def prompt(self, params: dict) -> str:
+        return FindPatient.prompt(self, params)  # the same request as when the patient exists
+
+    def gold(self, view: View, params: dict) -> Gold:
+        given, family = params["name"].split()[0], params["name"].split()[-1]
+        same = [p for p in all_patients(view) if p.get("birthDate") == params["birth_date"]
+                and ((given.casefold(), family.casefold()) in _name_pairs(p) or full_name(p) == params["name"])]
+        assert not same, f"{params} matches {[p['id'] for p in same]}"
+        return Gold(answer=NOT_FOUND)
+
+    def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
+        return FindPatient.solve(self, tools, params, now)
+
+
+# -- conditions -------------------------------------------------------------------------------------------
+
+def condition_index(view: View) -> dict[str, list[tuple[str, str, str | None, str | None, str | None]]]:
+    """Patient id -> its Conditions as (SNOMED code, display, clinical status, verification status, onset)."""
+    def compute() -> dict[str, list[tuple[str, str, str | None, str | None, str | None]]]:
+        out: dict[str, list] = {}
+        for c in view.search("Condition", {"_count": "1000", "_elements":
+                                           "code,subject,clinicalStatus,verificationStatus,onsetDateTime"}):
+            coding = next((x for x in c.get("code", {}).get("coding", []) if x.get("system") == SNOMED), None)
+            pid = str(c.get("subject", {}).get("reference", "")).rsplit("/", 1)[-1]
+            if coding is None or not pid:
+                continue
+            out.setdefault(pid, []).append((coding.get("code"), coding.get("display", ""), _status(c, "clinicalStatus"),
+                                            _status(c, "verificationStatus"), c.get("onsetDateTime")))
+        return out
+    return view.cached("records.conditions", compute)
+
+
+def _status(resource: dict, element: str) -> str | None:
+    return next((x.get("code") for x in (resource.get(element) or {}).get("coding", [])), None)
+
+
+def _plain(display: str) -> str:
+    """'Essential hypertension (disorder)' -> 'essential hypertension' (proper nouns keep their capital)."""
+    text = display.rsplit(" (", 1)[0] if display.endswith(")") else display
+    first = text.split(" ", 1)[0]
+    return text if "'" in first or first[1:2].isupper() else text[:1].lower() + text[1:]
+
+
+CONDITION_ANSWER = AnswerSpec((Field("onset_date", "date", "the onset date recorded for that diagnosis"),),
+                              none_allowed=True)
+
+
+def _condition_prompt(params: dict) -> str:
+    return (f"When was {params['name']} (born {human_date(params['birth_date'])}) diagnosed with "
+            f"{params['condition']} (SNOMED CT {params['code']})? I need the onset date on "
+            f"{pronoun(params.get('gender'))} record.")
+
+
+def _solve_condition(tools: Toolbox, params: dict) -> str:
+    patient = find_patient(tools, params["name"], params["birth_date"])
+    if patient is None:
+        return '<answer>{"found": false}</answer>'
+    out = tools.call("searchResources", {"resourceType": "Condition", "params": {
+        "patient": f"Patient/{patient['id']}", "code": f"{SNOMED}|{params['code']}",
+        "_elements": "code,onsetDateTime,clinicalStatus,verificationStatus", "_sort": "onset-date"}}).output or {}
+    onsets = sorted(c["onsetDateTime"][:10] for c in out.get("resources", [])
+                    if _status(c, "verificationStatus") != "entered-in-error" and c.get("onsetDateTime"))
+    return f'<answer>{{"onset_date": "{onsets[0]}"}}</answer>' if onsets else '<answer>{"found": false}</answer>'
+
+
+def _real(conds: list[tuple]) -> list[tuple]:
+    return [c for c in conds if c[3] != "entered-in-error"]
+
+
+@register
+class PatientCondition(Family):
+    """One active diagnosis among a long chart; namesakes and entered-in-error records stand beside it."""
+
+    id = "records.condition_onset"
+    title = "When was the patient diagnosed with a given condition (onset date of an active diagnosis)"
+    category = "records"
+    difficulty = 2
+    writes = False
+    resource_types = ("Patient", "Condition")
+    sequences = (("searchResources", "searchResources"),)
+    prohibited_tools = READ_ONLY
+    answer = CONDITION_ANSWER
+
+    def sample(self, view: View, rng: random.Random) -> dict | None:
+        p = pick(rng, living_patients(view))
+        real = _real(condition_index(view).get(p["id"], []))
+        by_code: dict[str, list[tuple]] = {}
+        for c in real:
+            by_code.setdefault(c[0], []).append(c)
+        fits = sorted(code for code, cs in by_code.items() if len(cs) == 1 and cs[0][1].endswith("(disorder)")
+                      and cs[0][2] == "active" and cs[0][4])
+        if not fits:
+            return None
+        code = pick(rng, fits)
+        return {**_person_params(p), "code": code, "condition": _plain(by_code[code][0][1])}
+
+    def prompt(self, params: dict) -> str:
+        return _condition_prompt(params)
+
+    def gold(self, view: View, params: dict) -> Gold:
+        patient = unique_patient(view, params["name"], params["birth_date"])
+        found = [c for c in _real(condition_index(view).get(patient["id"], [])) if c[0] == params["code"]]
+        assert len(found) == 1 and found[0][4], f"{params}: {len(found)} records"
+        return Gold(answer={"onset_date": found[0][4][:10]})
+
+    def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
+        return _solve_condition(tools, params)
+
+
+#: Chronic diagnoses to ask about when the chart has none: (SNOMED code, display, words of related
+#: diagnoses that must be absent from the chart for "no such diagnosis" to be the only defensible answer).
+CHRONIC = (
+    ("59621000", "Essential hypertension (disorder)", ("hypertens", "blood pressure")),
+    ("44054006", "Diabetes mellitus type 2 (disorder)", ("diabet", "glucose", "insulin")),
+    ("195967001", "Asthma (disorder)", ("asthma",)),
+    ("55822004", "Hyperlipidemia (disorder)", ("lipid", "cholesterol", "triglycerid")),
+    ("64859006", "Osteoporosis (disorder)", ("osteopor", "osteopenia")),
+    ("370143000", "Major depressive disorder (disorder)", ("depress",)),
+    ("235595009", "Gastroesophageal reflux disease (disorder)", ("reflux",)),
+    ("84757009", "Epilepsy (disorder)", ("epilep", "seizure")),
+    ("37796009", "Migraine (disorder)", ("migraine",)),
+    ("414545008", "Ischemic heart disease (disorder)", ("ischemic heart", "myocardial", "coronary", "angina")),
+    ("49436004", "Atrial fibrillation (disorder)", ("atrial fib",)),
+    ("69896004", "Rheumatoid arthritis (disorder)", ("rheumatoid",)),
+    ("21897009", "Generalized anxiety disorder (disorder)", ("anxiety",)),
+    ("13645005", "Chronic obstructive lung disease (disorder)", ("obstructive", "emphysema", "copd")),
+)
+
+
+@register
+class NoCondition(Family):
+    """Nothing to find: the asked diagnosis is absent — at most charted by mistake (entered-in-error) or
+    on a namesake's record — and no related diagnosis is on file either."""
+
+    id = "records.condition_not_recorded"
+    title = "Report that the patient has no record of the asked diagnosis"
+    category = "records"
+    difficulty = 2
+    writes = False
+    resource_types = ("Patient", "Condition")
+    sequences = (("searchResources", "searchResources"),)
+    prohibited_tools = READ_ONLY
+    answer = CONDITION_ANSWER
+
+    def sample(self, view: View, rng: random.Random) -> dict | None:
+        trapped = view.cached("records.condition_traps", lambda: [
+            p for p in living_patients(view) if any(t for _, t in self._absent(view, p))])
+        p = pick(rng, trapped) if trapped and rng.random() < 0.5 else pick(rng, living_patients(view))
+        absent = self._absent(view, p)
+        if not absent:
+            return None
+        traps = [a for a in absent if a[1]]
+        chosen, trap = pick(rng, traps) if traps and rng.random() < 0.8 else pick(rng, absent)
+        return {**_person_params(p), "code": chosen[0], "condition": _plain(chosen[1]), "trap": trap}
+
+    @staticmethod
+    def _absent(view: View, p: dict) -> list[tuple[tuple, str]]:
+        """The CHRONIC diagnoses absent from ``p``'s chart, each with its trap: charted on ``p`` by mistake
+        (entered-in-error), on a same-name patient's record, or none."""
+        index = condition_index(view)
+        chart = " ".join(c[1].lower() for c in _real(index.get(p["id"], [])))
+        voided = {c[0] for c in index.get(p["id"], []) if c[3] == "entered-in-error"}
+        namesakes = {c[0] for q in same_name(view, full_name(p)) if q["id"] != p["id"]
+                     for c in _real(index.get(q["id"], []))}
+        return [(c, "entered-in-error" if c[0] in voided else "namesake" if c[0] in namesakes else "")
+                for c in CHRONIC if not any(w in chart for w in c[2])]
+
+    def prompt(self, params: dict) -> str:
+        return _condition_prompt(params)
+
+    def gold(self, view: View, params: dict) -> Gold:
+        patient = unique_patient(view, params["name"], params["birth_date"])
+        words = next(c[2] for c in CHRONIC if c[0] == params["code"])
+        for code, display, *_ in _real(condition_index(view).get(patient["id"], [])):
+            assert code != params["code"], f"{params}: on record"
+            assert not any(w in display.lower() for w in words), f"{params}: related diagnosis {display}"
+        return Gold(answer=NOT_FOUND)
+
+    def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
+        return _solve_condition(tools, params)
+
+
+# -- family history -----------------------------------------------------------------------------------------
+
+RELATIVES = (("FTH", "father", "male"), ("MTH", "mother", "female"), ("BRO", "brother", "male"),
+             ("SIS", "sister", "female"))
+#: (SNOMED code, display, what the relative had as a clinician says it, sex it is limited to)
+FAMILY_CONDITIONS = (
+    ("22298006", "Myocardial infarction (disorder)", "had a heart attack", None),
+    ("44054006", "Diabetes mellitus type 2 (disorder)", "was diagnosed with type 2 diabetes", None),
+    ("254837009", "Malignant neoplasm of breast (disorder)", "was diagnosed with breast cancer", "female"),
+    ("363406005", "Malignant neoplasm of colon (disorder)", "was diagnosed with colon cancer", None),
+    ("399068003", "Malignant tumor of prostate (disorder)", "was diagnosed with prostate cancer", "male"),
+    ("230690007", "Cerebrovascular accident (disorder)", "had a stroke", None),
+    ("26929004", "Alzheimer's disease (disorder)", "was diagnosed with Alzheimer's disease", None),
+)
+
+
+def _family_history(view: View) -> set[tuple[str, str, str]]:
+    """(patient id, relationship code, SNOMED code) already on file (cached)."""
+    def compute() -> set[tuple[str, str, str]]:
+        out = set()
+        for f in view.search("FamilyMemberHistory", {"_count": "1000"}):
+            pid = str(f.get("patient", {}).get("reference", "")).rsplit("/", 1)[-1]
+            rel = _status(f, "relationship") or ""
+            for cond in f.get("condition", []):
+                for x in cond.get("code", {}).get("coding", []):
+                    out.add((pid, rel, str(x.get("code"))))
+        return out
+    return view.cached("records.family_history", compute)
+
+
+def _onset_age(age: int) -> Check:
+    def fn(after: dict, before: dict | None) -> str | None:
+        for cond in after.get("condition") or []:
+            if not isinstance(cond, dict):
+                continue
+            onset = cond.get("onsetAge") or {}
+            if onset.get("value") == age and str(onset.get("code") or onset.get("unit") or "a").lower() in (
+                    "a", "yr", "y", "year", "years", "yrs"):
+                return None
+            if str(cond.get("onsetString", "")).strip().split(" ")[0] == str(age):
+                return None
+        return f"no condition has onset at age {age}"
+    return custom("condition", f"condition onset at age {age}", fn)
+
+
+@register
+class RecordFamilyHistory(Family):
+    id = "records.record_family_history"
+    title = "Record a relative's diagnosis as a FamilyMemberHistory"
+    category = "records"
+    difficulty = 2
+    writes = True
+    resource_types = ("Patient", "FamilyMemberHistory")
+    sequences = (("searchResources", "createResource"),)
+
+    def sample(self, view: View, rng: random.Random) -> dict | None:
+        p = pick(rng, living_patients(view))
+        rel_code, relation, sex = rng.choice(RELATIVES)
+        code, display, said, only = rng.choice(FAMILY_CONDITIONS)
+        if only not in (None, sex) or (p["id"], rel_code, code) in _family_history(view):
+            return None
+        age = rng.randint(38, 82) if rel_code in ("FTH", "MTH") else rng.randint(30, 65)
+        return {**_person_params(p), "relationship": rel_code, "relation": relation, "sex": sex, "code": code,
+                "display": display, "said": said, "age": age}
+
+    def prompt(self, params: dict) -> str:
+        return (f"Please add to the family history of {params['name']} (born {human_date(params['birth_date'])}): "
+                f"{pronoun(params['gender'])} {params['relation']} {params['said']} at age {params['age']} "
+                f"(SNOMED CT {params['code']}, {_plain(params['display'])}). Record it as a completed family member "
+                f"history, relationship {params['relation']} (HL7 v3 RoleCode {params['relationship']}).")
+
+    def gold(self, view: View, params: dict) -> Gold:
+        patient = unique_patient(view, params["name"], params["birth_date"])
+        return Gold(expects=[Expect("create", "FamilyMemberHistory", checks=(
+            ref("patient", f"Patient/{patient['id']}"),
+            eq("status", "completed"),
+            coded("relationship", ROLE_CODE, params["relationship"]),
+            coded("condition.code", SNOMED, params["code"]),
+            _onset_age(params["age"]),
+        ))])
+
+    def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
+        patient = find_patient(tools, params["name"], params["birth_date"])
+        if patient is None:
+            return "I could not find the patient."
+        tools.call("createResource", {"resourceType": "FamilyMemberHistory", "body": {
+            "resourceType": "FamilyMemberHistory", "status": "completed",
+            "patient": {"reference": f"Patient/{patient['id']}"}, "date": now.date().isoformat(),
+            "relationship": {"coding": [{"system": ROLE_CODE, "code": params["relationship"],
+                                         "display": params["relation"]}]},
+            "sex": {"coding": [{"system": "http://hl7.org/fhir/administrative-gender", "code": params["sex"]}]},
+            "condition": [{"code": {"coding": [{"system": SNOMED, "code": params["code"],
+                                                "display": params["display"]}]},
+                           "onsetAge": {"value": params["age"], "unit": "a", "system": "http://unitsofmeasure.org",
+                                        "code": "a"}}],
+        }})
+        return "Recorded the family history."

