@@ -6,8 +6,9 @@ Two calls on the 10-patient world: getResourceById (one Patient) and a small sea
 (Patient?gender=female&_count=5). For each: the FHIR request through ``InProcessClient`` directly, the
 same through ``Toolbox.call`` (target: ≤ 1 ms p50 more), over MCP in process (``Client(server)``),
 over MCP stdio (the ``fhirgym mcp fhir`` CLI spawned; target ≤ 5 ms p50 more than in-process tools) and
-over streamable HTTP (``serve_http`` on 127.0.0.1). Prints p50/p95 in ms and ratios. "text" rows leave
-out MCP's structured copy of the output, to show what that copy costs.
+over streamable HTTP (``serve_http`` in this process, and the CLI's HTTP server as a separate process, which
+is how an external agent sees it). A trivial SDK tool over stdio gives the floor of this machine. Prints
+p50/p95 in ms and ratios; the "text" row leaves out MCP's structured copy of the output, to show its cost.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -29,6 +31,15 @@ from fhirgym.mcp import build_server, serve_http
 from fhirgym.tools import FHIR_TOOLS, Toolbox, ToolContext
 
 SEARCH = {"gender": "female", "_count": "5"}
+#: The SDK's own floor: a trivial tool over stdio, so figures can be read against this machine's state.
+TRIVIAL_SERVER = """
+from mcp.server import MCPServer
+server = MCPServer("floor", log_level="WARNING")
+@server.tool()
+def add(a: int, b: int) -> int:
+    return a + b
+server.run("stdio")
+"""
 
 
 def _pct(samples: list[float], q: float) -> float:
@@ -109,9 +120,21 @@ def main() -> None:
                                    env=dict(os.environ))
     for label, samples in anyio.run(_over_mcp, params, calls, n).items():
         rows[("MCP stdio (CLI)", label)] = samples
-    with serve_http(box) as handle:
+    with serve_http(box) as handle:  # server thread and client share this process (and its GIL)
         for label, samples in anyio.run(_over_mcp, handle.url, calls, n).items():
-            rows[("MCP streamable HTTP", label)] = samples
+            rows[("MCP HTTP serve_http", label)] = samples
+    proc = subprocess.Popen([*cmd, "mcp", "fhir", "--transport", "http", "--port", "0", "--world", str(opts.world)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=dict(os.environ))
+    try:
+        url = proc.stdout.readline().strip()  # type: ignore[union-attr]
+        for label, samples in anyio.run(_over_mcp, url, calls, n).items():
+            rows[("MCP HTTP (CLI process)", label)] = samples
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    floor = anyio.run(_over_mcp, StdioServerParameters(command=sys.executable, args=["-c", TRIVIAL_SERVER],
+                                                       env=dict(os.environ)),
+                      {"add": ("add", {"a": 1, "b": 2})}, n)["add"]
     store.close()
 
     print(f"world {opts.world.name}, {n} timed calls per cell (after 20 warm-up), ms; "
@@ -125,12 +148,13 @@ def main() -> None:
         tool = statistics.median(rows[("Toolbox.call", label)])
         print(f"{path:<22} {label:<16} {p50:>7.3f} {p95:>7.3f} {p50 - direct:>+15.3f} {p50 / direct:>9.1f} "
               f"{p50 / tool:>10.1f}")
-    print()
+    print(f"\nSDK floor on this machine now: a trivial tool (add) over stdio p50 {statistics.median(floor):.3f} ms, "
+          f"p95 {_pct(floor, 0.95):.3f} ms")
     for label in calls:
         direct = statistics.median(rows[("direct InProcessClient", label)])
         tool = statistics.median(rows[("Toolbox.call", label)])
         stdio = statistics.median(rows[("MCP stdio (CLI)", label)])
-        http = statistics.median(rows[("MCP streamable HTTP", label)])
+        http = statistics.median(rows[("MCP HTTP (CLI process)", label)])
         print(f"{label}: Toolbox overhead {tool - direct:+.3f} ms p50 (target <= 1 ms: "
               f"{'ok' if tool - direct <= 1 else 'MISSED'}); stdio over in-process {stdio - tool:+.3f} ms "
               f"(target <= 5 ms: {'ok' if stdio - tool <= 5 else 'MISSED'}); HTTP over in-process "

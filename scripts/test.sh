@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_venv.sh
+source scripts/_chromium.sh && ensure_chromium
 install_fhirgym ".[test]"
 .venv/bin/ruff check src tests bench
 .venv/bin/python -m pytest -q "$@"

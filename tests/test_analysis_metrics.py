@@ -272,6 +272,14 @@ def test_paired_by_run_binary_mcnemar() -> None:
     assert out["ci_low"] <= out["diff"] <= out["ci_high"] <= 100
 
 
+def test_paired_by_run_drops_only_the_pair_of_an_error() -> None:
+    a = [ep(f"t{i}", run=r, ok=False, config="A") for i in range(3) for r in range(2)]
+    b = [ep(f"t{i}", run=r, ok=True if (i, r) != (2, 1) else None, config="B") for i in range(3) for r in range(2)]
+    out = paired_comparison(a, b, n_boot=100)
+    assert out["unit"] == "run" and out["n_units"] == 5 and (out["a_better"], out["b_better"]) == (0, 5)
+    assert out["diff"] == 100.0
+
+
 def test_paired_averages_over_runs_when_run_counts_differ() -> None:
     # A has 2 runs per variation, B only 1: pairs are variations, A's success averaged over its runs
     a = [ep("t1", run=0, ok=True), ep("t1", run=1, ok=False), ep("t2", run=0, ok=False), ep("t2", run=1, ok=False),

@@ -155,3 +155,10 @@ def test_report_of_two_dirs_and_two_settings(tmp_path: Path) -> None:
     assert len(links) == 8 * 2 + 8 * 2 * 2   # same episode ids in both dirs still get distinct pages
     m = compute_metrics(load_results([a, b]), n_boot=N_BOOT)
     assert [(c["a"], c["b"]) for c in m["paired"]] == [("baseline · s2", "memory · s2")]
+
+
+def test_report_of_an_empty_results_file(tmp_path: Path) -> None:
+    (tmp_path / "results.jsonl").write_text("")
+    html = write_report([tmp_path], tmp_path / "report.html").read_text()
+    assert "0 episodes" in html and html.count("No data for this figure") == len(FIGURES)
+    assert "Fewer than two configs in any setting: nothing to compare." in html

@@ -33,6 +33,22 @@ def box() -> Toolbox:
     return Toolbox(FHIR_TOOLS, ToolContext(InProcessClient(FhirServer(Store()))))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def cli_http(small_world_path):
+    """``fhirgym mcp fhir --transport http --read-only`` on a free port, started with the module so its
+    start-up (imports, spec, world) overlaps the other tests; yields the process."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([*_cli(), "mcp", "fhir", "--transport", "http", "--port", str(port), "--read-only",
+                             "--world", str(small_world_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ))
+    proc.port = port  # type: ignore[attr-defined]
+    yield proc
+    proc.terminate()
+    proc.wait(10)
+
+
 @pytest.fixture(scope="module")
 def world_patient_id(small_world_path) -> str:
     store = Snapshot(small_world_path).open()
@@ -167,36 +183,6 @@ def test_serve_http_writes_the_bound_store(small_world_path, world_patient_id):
     store.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_cli_over_http_read_only(small_world_path, world_patient_id):
-    port = _free_port()
-    proc = subprocess.Popen([*_cli(), "mcp", "fhir", "--transport", "http", "--port", str(port), "--read-only",
-                             "--world", str(small_world_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=dict(os.environ))
-    try:
-        line: list[str] = []
-        reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(60)
-        url = line[0].strip() if line else ""
-        assert url == f"http://127.0.0.1:{port}/mcp", (url, proc.poll(), proc.stderr.read() if proc.poll() else "")
-
-        async def main() -> dict:
-            async with Client(url) as client:
-                return await _exercise(client, world_patient_id)
-
-        assert anyio.run(main)["names"] == READ_TOOLS
-    finally:
-        proc.terminate()
-        proc.wait(10)
-    assert proc.returncode in (0, -15)
-
-
 # -- stdio -----------------------------------------------------------------------------------------
 
 
@@ -225,3 +211,18 @@ def test_cli_over_stdio(small_world_path, world_patient_id):
         assert InProcessClient(FhirServer(store)).read("Patient", out["created"]).status == 404
     finally:
         store.close()
+
+
+def test_cli_over_http_read_only(cli_http, world_patient_id):
+    line: list[str] = []
+    reader = threading.Thread(target=lambda: line.append(cli_http.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(60)
+    url = line[0].strip() if line else ""
+    assert url == f"http://127.0.0.1:{cli_http.port}/mcp", (url, cli_http.poll())
+
+    async def main() -> dict:
+        async with Client(url) as client:
+            return await _exercise(client, world_patient_id)
+
+    assert anyio.run(main)["names"] == READ_TOOLS

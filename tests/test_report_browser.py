@@ -41,8 +41,11 @@ class Page:
         if not CHROMIUM.exists():
             pytest.fail(f"{CHROMIUM} is missing: install it with `bash scripts/_chromium.sh` "
                         "(scripts/test.sh sources it)", pytrace=False)
-        self.proc = subprocess.Popen([str(CHROMIUM), *FLAGS, f"--user-data-dir={tmp / 'profile'}", "about:blank"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.profile = tmp / "profile"
+        self.log = tmp / "chromium.log"
+        with self.log.open("wb") as log:  # a file, not a pipe: an unread pipe could fill up and stall chromium
+            self.proc = subprocess.Popen([str(CHROMIUM), *FLAGS, f"--user-data-dir={self.profile}", "about:blank"],
+                                         stdout=subprocess.DEVNULL, stderr=log)
         port = self._port()
         deadline = time.monotonic() + 30
         while True:
@@ -63,16 +66,15 @@ class Page:
         self.call("Emulation.setDeviceMetricsOverride", width=1280, height=900, deviceScaleFactor=1, mobile=False)
 
     def _port(self) -> int:
-        assert self.proc.stderr is not None
+        """The port chromium chose (``--remote-debugging-port=0``), from the file it writes in its profile."""
+        active = self.profile / "DevToolsActivePort"
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = self.proc.stderr.readline()
-            if not line and self.proc.poll() is not None:
-                break
-            found = re.search(r"DevTools listening on ws://[^:]+:(\d+)/", line)
-            if found:
-                return int(found.group(1))
-        raise RuntimeError(f"chromium did not start (exit code {self.proc.poll()})")
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            text = active.read_text() if active.exists() else ""
+            if re.match(r"\d+\n", text):
+                return int(text.split()[0])
+            time.sleep(0.1)
+        raise RuntimeError(f"chromium did not start (exit code {self.proc.poll()}): {self.log.read_text()[-2000:]}")
 
     def call(self, method: str, **params: Any) -> dict[str, Any]:
         msg_id = next(self.ids)

@@ -415,8 +415,8 @@ def _mcp_serve(tools, client, name: str, transport: str, host: str, port: int, r
 def mcp_fhir(transport: str, host: str, port: int, read_only: bool, budget: int | None, world_path: Path | None,
              patients: int, world_seed: int, task_id: str | None, seed: int, url: str | None,
              with_specs: bool) -> None:
-    """The six FHIR CRUD tools on an isolated store (a world's, or a task instance's pre-run state), or
-    on an external server with --url. Writes stay in that store and vanish at exit."""
+    """The six FHIR CRUD tools on an isolated copy of a world (or of a task instance's pre-run state):
+    writes stay in that copy and vanish at exit. With --url, on an external FHIR server instead."""
     import contextlib
 
     from .tools import FHIR_TOOLS, SPEC_TOOLS

@@ -297,9 +297,10 @@ def _median(xs: list[int]) -> float | None:
 def paired_comparison(a: list[Result], b: list[Result], *, n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
     """Compare two configs on the task instances both ran: difference in success (b − a, in points).
 
-    Pairing: by (task_id, seed, paraphrase, run) when every shared variation has the same scored run
-    indices in both configs (unit ``run``); otherwise by (task_id, seed, paraphrase) with each side's
-    success averaged over its runs (unit ``variation``). The CI is a percentile bootstrap resampling
+    Pairing: by (task_id, seed, paraphrase, run) when both configs used the same run indices (unit
+    ``run``; a run scored on one side only, e.g. an infrastructure error, drops that one pair);
+    otherwise (different run counts) by (task_id, seed, paraphrase) with each side's success averaged
+    over its scored runs (unit ``variation``). The CI is a percentile bootstrap resampling
     *tasks* (clusters). The test is the exact McNemar test on discordant units — with averaged units,
     the same exact sign test over units where one side is strictly higher.
     """
@@ -311,11 +312,11 @@ def paired_comparison(a: list[Result], b: list[Result], *, n_boot: int = 2000, s
 
     ra, rb = runs(a), runs(b)
     shared = sorted(set(ra) & set(rb))
-    by_run = all(set(ra[v]) == set(rb[v]) for v in shared)
+    by_run = {r for v in ra.values() for r in v} == {r for v in rb.values() for r in v}
     units: list[tuple[str, float, float]] = []  # (task, a, b)
     for v in shared:
         if by_run:
-            units.extend((v[0], ra[v][run], rb[v][run]) for run in sorted(ra[v]))
+            units.extend((v[0], ra[v][run], rb[v][run]) for run in sorted(set(ra[v]) & set(rb[v])))
         else:
             units.append((v[0], mean(list(ra[v].values())), mean(list(rb[v].values()))))
     diffs: dict[str, list[float]] = defaultdict(list)
@@ -423,6 +424,7 @@ def compute_metrics(results: list[Result], *, n_boot: int = 2000, seed: int = 0)
         for i, ga in enumerate(cfgs):
             for gb in cfgs[i + 1:]:
                 comparisons.append({"setting": setting, "a": labels[ga], "b": labels[gb],
+                                    "a_config": ga[0], "b_config": gb[0],
                                     **paired_comparison(by_group[ga], by_group[gb], n_boot=n_boot, seed=seed)})
     for c, p in zip(comparisons, holm([c["p_value"] for c in comparisons])):
         c["p_holm"] = p

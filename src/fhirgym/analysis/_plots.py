@@ -271,7 +271,7 @@ def error_heatmap(m: Metrics, which: str) -> str | None:
     keys = sorted({r["key"] for r in rows})
     cell = {(r["key"], r["label"]): r for r in rows}
     data = [[cell[(k, lb)]["rate"] if (k, lb) in cell else float("nan") for lb in labels] for k in keys]
-    fig, ax = _fig(_width_per(len(labels), 1.0, 3.8, 5.5), max(2.4, 0.5 * len(keys) + 1.8))
+    fig, ax = _fig(_width_per(len(labels), 1.3 if enc.multi else 1.0, 3.8, 5.5), max(2.4, 0.5 * len(keys) + 1.8))
     vmax = max([v for row in data for v in row if v == v] + [10.0])
     cmap = plt.get_cmap("Reds").with_extremes(bad="#eeeeee")
     im = ax.imshow(data, cmap=cmap, vmin=0, vmax=vmax, aspect="auto")
@@ -284,7 +284,7 @@ def error_heatmap(m: Metrics, which: str) -> str | None:
                 continue
             ax.text(j, i, f"{r['rate']:.0f}%\nn={r['calls']}", ha="center", va="center", fontsize=8,
                     color="white" if r["rate"] > 0.6 * vmax else "black", linespacing=1.1)
-    ax.set_xticks(range(len(labels)), [enc.tick(lb) for lb in labels])
+    ax.set_xticks(range(len(labels)), [enc.tick(lb) for lb in labels], fontsize=10 if len(labels) <= 6 else 8.5)
     ax.set_yticks(range(len(keys)), keys)
     ax.set_xlabel("config" + (" (setting)" if enc.multi else ""))
     ax.set_ylabel("tool" if which == "tool" else "FHIR resource type")

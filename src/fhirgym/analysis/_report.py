@@ -185,8 +185,9 @@ pass^k = C(c,k)/C(n,k); averaged over variations with n ≥ k.</p>
 
 <h2 id="paired">Paired comparisons</h2>
 <p class="note">Configs of the same setting compared on the task variations both ran. Unit <i>run</i>: pairs are
-(task, seed, paraphrase, run) — used when both configs have the same runs of every shared variation;
-unit <i>variation</i>: pairs are (task, seed, paraphrase) with success averaged over each side's runs.
+(task, seed, paraphrase, run) — used when both configs ran the same run indices (a run scored on one side
+only, e.g. an infrastructure error, drops that pair); unit <i>variation</i> (run counts differ): pairs are
+(task, seed, paraphrase) with success averaged over each side's runs.
 Difference = B − A in percentage points; 95 % CI: percentile bootstrap resampling tasks
 ({{ meta.bootstrap.n_boot }} resamples, seed {{ meta.bootstrap.seed }}); p: exact McNemar test on discordant
 pairs; p (Holm): adjusted over the {{ m.paired | length }} comparison(s) of this report. <b>Significant</b> =
@@ -195,13 +196,13 @@ Holm-adjusted p &lt; 0.05.</p>
 <tr><th class="l">setting</th><th class="l">A</th><th class="l">B</th><th class="l">unit</th><th>pairs</th><th>tasks</th>
 <th>A %</th><th>B %</th><th>B − A (pp)</th><th>95 % CI</th><th>A better</th><th>B better</th><th>p</th>
 <th>p (Holm)</th><th class="l">verdict</th></tr>
-{% for r in m.paired %}<tr><td class="l">{{ r.setting }}</td><td class="l">{{ r.a }}</td><td class="l">{{ r.b }}</td>
+{% for r in m.paired %}<tr><td class="l">{{ r.setting }}</td><td class="l">{{ r.a_config }}</td><td class="l">{{ r.b_config }}</td>
 <td class="l">{{ r.unit }}</td><td>{{ r.n_units }}</td><td>{{ r.n_tasks }}</td><td>{{ r.mean_a | num }}</td>
 <td>{{ r.mean_b | num }}</td><td><b>{{ "%+.1f" | format(r.diff) if r.diff is not none else "–" }}</b></td>
-<td>[{{ r.ci_low | num }}, {{ r.ci_high | num }}]</td><td>{{ r.a_better }}</td><td>{{ r.b_better }}</td>
-<td>{{ r.p_value | p }}</td><td>{{ r.p_holm | p }}</td>
-<td class="l">{% if r.significant %}<span class="badge sig">significant</span>{% else %}<span class="badge nsig">not significant</span>{% endif %}</td></tr>
-{% else %}<tr><td class="l" colspan="15">Only one config: nothing to compare.</td></tr>
+<td class="nw">[{{ r.ci_low | num }}, {{ r.ci_high | num }}]</td><td>{{ r.a_better }}</td><td>{{ r.b_better }}</td>
+<td class="nw">{{ r.p_value | p }}</td><td class="nw">{{ r.p_holm | p }}</td>
+<td class="l nw">{% if r.significant %}<span class="badge sig">significant</span>{% else %}<span class="badge nsig">not significant</span>{% endif %}</td></tr>
+{% else %}<tr><td class="l" colspan="15">Fewer than two configs in any setting: nothing to compare.</td></tr>
 {% endfor %}</table></div>
 {{ fig("paired", "forest plot of paired differences with confidence intervals") }}
 
@@ -386,10 +387,10 @@ TRANSCRIPT = """<!doctype html>
 {% endfor %}</pre>
 {% else %}<p class="note">{{ "No changes to the store." if t else "Not recorded (no transcript)." }}</p>{% endfor %}
 
-{% if t and t.messages %}<h2 id="messages">Conversation</h2>
-<details><summary>{{ t.messages | length }} messages</summary>
-{% for msg in t.messages %}<h3>{{ msg.role }}{% if msg.name %} ({{ msg.name }}){% endif %}</h3>
-<pre>{{ msg.content if msg.content is string else msg.content | json }}{% if msg.tool_calls %}
+{% if messages %}<h2 id="messages">Conversation</h2>
+<details><summary>{{ messages | length }} messages</summary>
+{% for msg in messages %}<h3>{{ msg.role }}{% if msg.name %} ({{ msg.name }}){% endif %}</h3>
+<pre>{{ msg.content }}{% if msg.tool_calls %}
 tool calls: {{ msg.tool_calls | json }}{% endif %}</pre>
 {% endfor %}</details>{% endif %}
 </body>
@@ -458,8 +459,15 @@ def _episode_page(template: jinja2.Template, r: dict[str, Any], report_name: str
                                             "reasons": r.get("reasons") or [], "collateral": []}
     verdict = {"reasons": [], "collateral": [], **verdict}
     diff = [{**d, "lines": _diff_lines(d)} for d in ((t or {}).get("diff") or [])]
-    return template.render(r=r, t=t, calls=calls, verdict=verdict, diff=diff, css=CSS, report_name=report_name,
-                           max_chars=MAX_OUTPUT_CHARS)
+    messages = []
+    for msg in (t or {}).get("messages") or []:
+        content = msg.get("content")
+        text = content if isinstance(content, str) else _json(content)
+        if len(text) > MAX_OUTPUT_CHARS:
+            text = text[:MAX_OUTPUT_CHARS] + f"\n… ({len(text) - MAX_OUTPUT_CHARS:,} more characters)"
+        messages.append({**msg, "content": text})
+    return template.render(r=r, t=t, calls=calls, verdict=verdict, diff=diff, messages=messages, css=CSS,
+                           report_name=report_name, max_chars=MAX_OUTPUT_CHARS)
 
 
 def render_html(results: list[dict[str, Any]], metrics: dict[str, Any], out: Path,
@@ -535,11 +543,11 @@ def render_markdown(metrics: dict[str, Any]) -> str:
                        for r in m["pass_k"]]),
             "## Paired comparisons\n",
             "B − A in percentage points; 95 % CI by bootstrap over tasks; exact McNemar p, Holm-adjusted; "
-            "unit `run` = paired by (task, seed, paraphrase, run), `variation` = by (task, seed, paraphrase) "
-            "averaged over runs.\n\n",
+            "unit `run` = paired by (task, seed, paraphrase, run) (same run indices on both sides), `variation` = "
+            "by (task, seed, paraphrase) averaged over runs (run counts differ).\n\n",
             _md_table(["setting", "A", "B", "unit", "pairs", "A %", "B %", "B − A", "95 % CI", "p", "p (Holm)",
                        "verdict"],
-                      [[r["setting"], r["a"], r["b"], r["unit"], r["n_units"], _num(r["mean_a"]), _num(r["mean_b"]),
+                      [[r["setting"], r["a_config"], r["b_config"], r["unit"], r["n_units"], _num(r["mean_a"]), _num(r["mean_b"]),
                         _num(r["diff"]), f"[{_num(r['ci_low'])}, {_num(r['ci_high'])}]", _p(r["p_value"]),
                         _p(r["p_holm"]), "**significant**" if r["significant"] else "not significant"]
                        for r in m["paired"]]),

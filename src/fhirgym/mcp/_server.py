@@ -19,6 +19,7 @@ from mcp.server import MCPServer
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from mcp.types import Tool as MCPTool
 
+from .. import __version__
 from ..tools import Toolbox
 
 log = logging.getLogger(__name__)
@@ -46,26 +47,23 @@ class ToolboxServer(MCPServer):
 
     def __init__(self, toolbox: Toolbox, name: str, *, read_only: bool = False, structured: bool = True,
                  instructions: str | None = None) -> None:
-        from .. import __version__
-
+        root = logging.getLogger()
+        handlers, level = root.handlers[:], root.level
         super().__init__(name=name, version=__version__, instructions=instructions or _INSTRUCTIONS,
                          log_level="WARNING")
+        root.handlers[:] = handlers  # the SDK calls logging.basicConfig: a library must not, so undo it
+        root.setLevel(level)
         self.toolbox = visible_toolbox(toolbox, read_only)
         self.read_only = read_only
         self.structured = structured
         self._listing = [
             MCPTool(name=t.name, description=t.description, input_schema=t.parameters,
-                    annotations=ToolAnnotations(read_only_hint=not t.writes,
-                                                destructive_hint=t.writes and t.name.startswith("delete")))
+                    annotations=ToolAnnotations(read_only_hint=not t.writes))
             for t in self.toolbox.tools.values()
         ]
 
     async def list_tools(self) -> list[MCPTool]:
         return list(self._listing)
-
-    def _tool_input_schema(self, name: str) -> dict[str, Any] | None:
-        tool = self.toolbox.tools.get(name)
-        return None if tool is None else tool.parameters
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> CallToolResult:
         """Run the tool through the toolbox (never raises) and wrap its output as MCP content.

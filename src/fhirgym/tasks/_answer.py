@@ -182,16 +182,26 @@ def parse_instant(value: Any) -> datetime | None:
     if isinstance(value, datetime):
         dt = value
     else:
+        text = str(value).strip()
         try:
-            dt = dateparser.parse(str(value).strip())
-        except (ValueError, OverflowError, TypeError):
-            return None
+            dt = datetime.fromisoformat(text)  # the common case, 100× faster than dateutil
+        except ValueError:
+            try:
+                dt = dateparser.parse(text)
+            except (ValueError, OverflowError, TypeError):
+                return None
     return dt.replace(tzinfo=UTC) if dt.tzinfo is None else dt.astimezone(UTC)
 
 
 def parse_day(value: Any) -> date | None:
     if isinstance(value, date) and not isinstance(value, datetime):
         return value
+    text = str(value).strip()
+    if len(text) == 10:
+        try:
+            return date.fromisoformat(text)
+        except ValueError:
+            pass
     try:
         return dateparser.parse(str(value).strip()).date()
     except (ValueError, OverflowError, TypeError):
@@ -212,8 +222,9 @@ def _ids(value: Any) -> set[str] | None:
 
 def same(field: Field, got: Any, gold: Any) -> bool:
     kind = field.kind
-    if kind == "id":
-        return not isinstance(got, list | dict) and norm_id(got) == norm_id(gold)
+    if kind == "id":  # a list of gold ids: any of them is right (e.g. ties)
+        golds = gold if isinstance(gold, list | tuple | set) else [gold]
+        return not isinstance(got, list | dict) and norm_id(got) in {norm_id(g) for g in golds}
     if kind == "ids":
         return _ids(got) == _ids(gold)
     if kind in ("int", "number"):

@@ -68,8 +68,14 @@ class View:
         return self.world.cache
 
     def cached(self, key: str, compute) -> Any:
+        """``compute()`` once per world; it runs against the bare world (never an instance's setup)."""
         if key not in self.world.cache:
-            self.world.cache[key] = compute()
+            current = self.client
+            self.client = self.world.base_client()
+            try:
+                self.world.cache[key] = compute()
+            finally:
+                self.client = current
         return self.world.cache[key]
 
     def search(self, rtype: str, params: dict | list | None = None) -> list[dict]:
@@ -111,7 +117,14 @@ class TaskWorld:
         self.anchor = date.fromisoformat(manifest.get("anchor") or "2025-06-02")
         self.lock = threading.Lock()
         self._scratch: InProcessClient | None = None
+        self._base: InProcessClient | None = None
         self._now = datetime.now(UTC)
+
+    def base_client(self) -> InProcessClient:
+        """A client on the bare world, never written: what per-world caches are computed from."""
+        if self._base is None:
+            self._base = InProcessClient(FhirServer(self.snapshot.open(), self.spec, ServerConfig()), self.snapshot)
+        return self._base
 
     def scratch(self, now: datetime) -> InProcessClient:
         """The world's one scratch store (reset, clock set to ``now``) where instances are prepared.
@@ -376,7 +389,10 @@ def instances(task_ids: list[str], seeds: list[int], world: TaskWorld) -> Iterat
 
 #: The README's default subset: one family per category and difficulty mix, small enough for a 2-core
 #: machine with the local model (see README); `--tasks all` runs every family.
-DEFAULT_SUBSET = ("records.find_patient", "records.record_condition")
+DEFAULT_SUBSET = ("records.find_patient", "records.record_condition", "billing.find_coverage",
+                  "scheduling.first_doctor_slot", "scheduling.book_first_free_slot", "orders.find_surgery_plan",
+                  "orders.record_surgery_plan", "clinical.patient_age", "clinical.record_blood_pressure",
+                  "clinical.last_hba1c")
 
 
 def select(selector: str | None) -> list[Family]:

@@ -9,6 +9,7 @@ and errors as compact results (HTTP status + OperationOutcome issues with their 
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
 
@@ -112,11 +113,32 @@ def search_resources(ctx: ToolContext, args: dict) -> dict:
         out["included"] = included
     if omitted:
         out["omitted"] = omitted
-        out["note"] = (f"{omitted} matching resources of this page were left out to fit the output budget; "
-                       "narrow the search or use _count/_elements, or fetch the rest with next_page_url")
+        start = _offset(args.get("page_url")) or 0
+        link = next_url or next((lk["url"] for lk in (resp.body or {}).get("link", [])
+                                 if lk.get("relation") in ("previous", "prev")), None)
+        resume = _with_offset(link, start + len(out["resources"])) if link and _offset(link) is not None else None
+        if resume:
+            next_url = resume
+        out["note"] = (f"{omitted} matching resources were left out to fit the output budget; "
+                       + ("fetch them with next_page_url, or " if resume else "")
+                       + "narrow the search (more parameters, _count, _elements)")
     if next_url:
         out["next_page_url"] = next_url
     return out
+
+
+def _offset(url: str | None) -> int | None:
+    """The ``_getpagesoffset`` of a paging link (HAPI's and ours), None when it has none."""
+    if not url:
+        return None
+    value = dict(parse_qsl(urlsplit(url).query)).get("_getpagesoffset")
+    return int(value) if value and value.isdigit() else None
+
+
+def _with_offset(url: str, offset: int) -> str:
+    parts = urlsplit(url)
+    query = [(k, str(offset) if k == "_getpagesoffset" else v) for k, v in parse_qsl(parts.query)]
+    return urlunsplit(parts._replace(query=urlencode(query)))
 
 
 def _fit(items: list[dict], budget: int) -> tuple[list[dict], int]:

@@ -8,10 +8,14 @@ year old, conditional potassium replacement with a next-morning lab, a specialis
 note, stopping a prescription, a new prescription, an allergy, an immunization given today and
 voiding a mis-charted observation.
 
-Labs near the frozen ``now`` are added by each instance's setup (fixed ids ``clin-…``), so every
-branch occurs in every world; setups mix in the world's kinds of ambiguity (entered-in-error results
-with a decimal slip placed after the real one, older results on the other side of a threshold), and
-patients are always named with their birth date or their MRN because the world has namesakes.
+Labs near the frozen ``now`` are added by each instance's setup (fixed ids ``clin-…``, at most two
+resources, since every setup write costs about a millisecond), so every branch occurs in every world;
+setups mix in the world's kinds of ambiguity (entered-in-error results with a decimal slip placed
+after the real one, older results on the other side of a threshold). Questions about the past (last
+HbA1c, latest glucose, mean over dates, medications, visits) read the world as built, whose own
+entered-in-error copies shadow the latest values. Patients are always named with their birth date or
+their MRN because the world has namesakes.
+
 Conditional orders whose "no order" branch writes nothing come as a pair of families with the same
 prompt: the writing one (order needed) and a read-only sibling (nothing to order), because the
 framework's light validator and mutation rule need every instance of a writing family to write.
@@ -44,6 +48,7 @@ ACT_SITE = "http://terminology.hl7.org/CodeSystem/v3-ActSite"
 VALID = ("final", "amended", "corrected")
 IV_ROUTE = ("47625008", "Intravenous route")
 ORAL_ROUTE = ("26643006", "Oral route")
+DRUG_ELEMENTS = "medicationCodeableConcept,medicationReference"
 ERROR_NOTE = "Value keyed in with a misplaced decimal point; entered in error."
 
 #: LOINC -> (display, words a clinician uses, UCUM unit, low, high, decimals) of the labs setups chart.
@@ -103,7 +108,8 @@ def _base_search(view: View, rtype: str, params: dict) -> list[dict]:
         while True:
             if resp.status != 200 or not resp.body:
                 raise RuntimeError(f"base search {rtype}?{params} failed: {resp.status} {resp.body}")
-            out += [e["resource"] for e in resp.body.get("entry", []) if e.get("search", {}).get("mode") != "include"]
+            out += [e["resource"] for e in resp.body.get("entry", [])
+                    if e.get("search", {}).get("mode") != "include"]
             nxt = next((lk["url"] for lk in resp.body.get("link", []) if lk.get("relation") == "next"), None)
             if not nxt:
                 return out
@@ -116,12 +122,14 @@ def _people(view: View) -> list[dict]:
     """Living patients with an active record, a name, a birth date and an MRN (name+birth date unique)."""
     def compute() -> list[dict]:
         found = []
-        for p in _base_search(view, "Patient", {"_count": "1000", "_elements": "name,birthDate,deceased,identifier,active"}):
+        query = {"_count": "1000", "_elements": "name,birthDate,deceased,identifier,active"}
+        for p in _base_search(view, "Patient", query):
             if p.get("active") is False or "deceasedDateTime" in p or p.get("deceasedBoolean"):
                 continue
             name = official_name(p)
             given, family = ((name.get("given") or [""])[0], name.get("family", ""))
-            mrn = next((i.get("value") for i in p.get("identifier", []) if i.get("system") == MRN_SYSTEM), None)
+            mrn = next((i.get("value") for i in p.get("identifier", []) if i.get("system") == MRN_SYSTEM),
+                       None)
             if p.get("birthDate") and given and family and mrn:
                 found.append({"pid": p["id"], "given": given, "family": family, "birth": p["birthDate"][:10],
                               "mrn": mrn})
@@ -167,8 +175,10 @@ def _obs_index(view: View, codes: tuple[str, ...]) -> dict[str, list[tuple]]:
             when = o.get("effectiveDateTime")
             if not pid or not when:
                 continue
-            code = next((c.get("code") for c in o.get("code", {}).get("coding", []) if c.get("code") in codes), None)
-            out[pid].append((_ts(when), o.get("status"), (o.get("valueQuantity") or {}).get("value"), code, o["id"]))
+            code = next((c.get("code") for c in o.get("code", {}).get("coding", [])
+                         if c.get("code") in codes), None)
+            value = (o.get("valueQuantity") or {}).get("value")
+            out[pid].append((_ts(when), o.get("status"), value, code, o["id"]))
         for rows in out.values():
             rows.sort(key=lambda r: (r[0], r[4]))
         return dict(out)
@@ -193,14 +203,17 @@ def _medications(view: View) -> dict[str, dict]:
 
 
 def _med_requests(view: View) -> dict[str, list[dict]]:
-    """Patient id -> [{id, status, code, display, authored}] of the world's MedicationRequests (drug resolved)."""
+    """Patient id -> [{id, status, code, display, authored}] of the world's MedicationRequests (drug
+    resolved through Medication references)."""
     def compute() -> dict[str, list[dict]]:
         meds = _medications(view)
         out: dict[str, list[dict]] = defaultdict(list)
-        query = {"_count": "1000", "_elements": "subject,status,medicationCodeableConcept,medicationReference,authoredOn"}
+        query = {"_count": "1000",
+                 "_elements": "subject,status,medicationCodeableConcept,medicationReference,authoredOn"}
         for m in _base_search(view, "MedicationRequest", query):
             pid = _ref_id(m.get("subject"))
-            rx = _rx(m.get("medicationCodeableConcept")) or meds.get(_ref_id(m.get("medicationReference")) or "")
+            rx = _rx(m.get("medicationCodeableConcept")) or meds.get(
+                _ref_id(m.get("medicationReference")) or "")
             if pid and rx:
                 out[pid].append({"id": m["id"], "status": m.get("status"), "code": rx["code"],
                                  "display": rx.get("display", ""), "authored": m.get("authoredOn", "")})
@@ -212,9 +225,11 @@ def _visits(view: View) -> dict[str, list[tuple]]:
     """Patient id -> sorted [(start, SNOMED type code, type display)] of ambulatory encounters."""
     def compute() -> dict[str, list[tuple]]:
         out: dict[str, list[tuple]] = defaultdict(list)
-        for e in _base_search(view, "Encounter", {"class": "AMB", "_count": "1000", "_elements": "subject,period,type"}):
+        query = {"class": "AMB", "_count": "1000", "_elements": "subject,period,type"}
+        for e in _base_search(view, "Encounter", query):
             pid, start = _ref_id(e.get("subject")), (e.get("period") or {}).get("start")
-            coding = next((c for t in e.get("type", []) for c in t.get("coding", []) if c.get("system") == SNOMED), None)
+            coding = next((c for t in e.get("type", []) for c in t.get("coding", [])
+                           if c.get("system") == SNOMED), None)
             if pid and start and coding:
                 out[pid].append((_ts(start), coding["code"], coding.get("display", "")))
         for rows in out.values():
@@ -271,7 +286,8 @@ def _locate(tools: Toolbox, params: dict) -> str:
     return hits[0]["id"]
 
 
-def _results(tools: Toolbox, pid: str, code: str, since: datetime | None = None, newest: bool = False) -> list[dict]:
+def _results(tools: Toolbox, pid: str, code: str, since: datetime | None = None,
+             newest: bool = False) -> list[dict]:
     """Valid results (not entered in error) of LOINC code(s) for a patient, newest first (``newest``: the
     first page only, enough for "the latest")."""
     query = {"patient": pid, "code": ",".join(f"{LOINC}|{c}" for c in code.split(",")), "_sort": "-date",
@@ -286,9 +302,9 @@ def _results(tools: Toolbox, pid: str, code: str, since: datetime | None = None,
 # ------------------------------------------------------------------------------------------------
 def _observation(rid: str, pid: str, code: str, display: str, value: float, unit: str, when: datetime,
                  status: str = "final", category: str = "laboratory") -> dict:
+    label = "Vital Signs" if category == "vital-signs" else "Laboratory"
     obs = {"resourceType": "Observation", "id": rid, "status": status,
-           "category": [{"coding": [{"system": OBS_CATEGORY, "code": category,
-                                     "display": "Vital Signs" if category == "vital-signs" else "Laboratory"}]}],
+           "category": [{"coding": [{"system": OBS_CATEGORY, "code": category, "display": label}]}],
            "code": {"coding": [{"system": LOINC, "code": code, "display": display}], "text": display},
            "subject": {"reference": f"Patient/{pid}"}, "effectiveDateTime": _iso(when),
            "valueQuantity": {"value": value, "unit": unit, "system": UCUM, "code": unit}}
@@ -299,8 +315,8 @@ def _observation(rid: str, pid: str, code: str, display: str, value: float, unit
 
 def _draw_resources(prefix: str, pid: str, code: str, draws: list[list], now: datetime) -> list[dict]:
     display, _, unit, *_ = LABS[code]
-    return [_observation(f"clin-{prefix}-{n}", pid, code, display, value, unit, now - timedelta(minutes=minutes),
-                         status)
+    return [_observation(f"clin-{prefix}-{n}", pid, code, display, value, unit,
+                         now - timedelta(minutes=minutes), status)
             for n, (minutes, value, status) in enumerate(draws, 1)]
 
 
@@ -312,11 +328,13 @@ def _all_results(view: View, pid: str, code: str, draws: list[list]) -> list[tup
 
 
 def _latest_valid(rows: list[tuple], now: datetime, since: datetime | None = None) -> tuple | None:
-    ok = [r for r in rows if r[1] in VALID and r[0] <= now and (since is None or r[0] >= since) and r[2] is not None]
+    ok = [r for r in rows
+          if r[1] in VALID and r[0] <= now and (since is None or r[0] >= since) and r[2] is not None]
     return ok[-1] if ok else None
 
 
-def _lab_value(rng: random.Random, code: str, lo: float | None = None, hi: float | None = None) -> float | int:
+def _lab_value(rng: random.Random, code: str, lo: float | None = None,
+               hi: float | None = None) -> float | int:
     _, _, _, low, high, decimals = LABS[code]
     lo, hi = (low if lo is None else lo), (high if hi is None else hi)
     steps = round((hi - lo) * 10 ** decimals)
@@ -334,10 +352,11 @@ def _slip(rng: random.Random, value: float, up: bool | None = None) -> float:
 # checks shared by the writing families
 # ------------------------------------------------------------------------------------------------
 def _unit_is(path: str, unit: str) -> Check:
-    """The Quantity at ``path`` has this UCUM unit (its code or, failing that, its unit text; case-insensitive)."""
+    """The Quantity at ``path`` has this UCUM unit (its code or its unit text, case-insensitive)."""
     def fn(after: dict, before: dict | None) -> str | None:
         for q in values(after, path):
-            if isinstance(q, dict) and unit.lower() in (str(q.get("code", "")).lower(), str(q.get("unit", "")).lower()):
+            if isinstance(q, dict) and unit.lower() in (str(q.get("code", "")).lower(),
+                                                        str(q.get("unit", "")).lower()):
                 return None
         return f"{path} has no quantity in {unit}: {values(after, path) or 'missing'}"
     return custom(path, f"{path} in {unit}", fn)
@@ -353,12 +372,17 @@ def _number_near(path: str, expected: float, tolerance: float) -> Check:
 
 def _note_has(path: str, text: str) -> Check:
     """Free text at ``path`` contains ``text`` (case and white space ignored)."""
-    want = " ".join(text.lower().split())
+    want = " ".join(text.lower().split()).rstrip(".")
 
     def fn(after: dict, before: dict | None) -> str | None:
         got = " ".join(" ".join(str(v) for v in values(after, path)).lower().split())
         return None if want in got else f"{path} does not contain {text!r}"
     return custom(path, f"{path} contains the stated note", fn)
+
+
+def _may_change(path: str) -> Check:
+    """Lets an update also set ``path`` (e.g. a reason) without counting it as a change the task forbids."""
+    return Check(path, f"{path} may be set", lambda after, before: None, light=False)
 
 
 def _vital_checks(pid: str, code: str, now: datetime) -> tuple[Check, ...]:
@@ -369,7 +393,8 @@ def _vital_checks(pid: str, code: str, now: datetime) -> tuple[Check, ...]:
 
 def _new_vital(pid: str, code: str, display: str, now: datetime) -> dict:
     return {"resourceType": "Observation", "status": "final",
-            "category": [{"coding": [{"system": OBS_CATEGORY, "code": "vital-signs", "display": "Vital Signs"}]}],
+            "category": [{"coding": [{"system": OBS_CATEGORY, "code": "vital-signs",
+                                      "display": "Vital Signs"}]}],
             "code": {"coding": [{"system": LOINC, "code": code, "display": display}]},
             "subject": {"reference": f"Patient/{pid}"}, "effectiveDateTime": _iso(now)}
 
@@ -380,14 +405,16 @@ def _create(tools: Toolbox, body: dict) -> None:
 
 def _medication_request(pid: str, rx: tuple[str, str], dose: float, unit: str, route: tuple[str, str],
                         now: datetime, text: str, timing: dict | None = None) -> dict:
-    dosage: dict = {"text": text, "route": {"coding": [{"system": SNOMED, "code": route[0], "display": route[1]}]},
-                    "doseAndRate": [{"doseQuantity": {"value": dose, "unit": unit, "system": UCUM, "code": unit}}]}
+    dosage: dict = {
+        "text": text, "route": {"coding": [{"system": SNOMED, "code": route[0], "display": route[1]}]},
+        "doseAndRate": [{"doseQuantity": {"value": dose, "unit": unit, "system": UCUM, "code": unit}}]}
     if timing:
         dosage["timing"] = timing
     return {"resourceType": "MedicationRequest", "status": "active", "intent": "order",
             "medicationCodeableConcept": {"coding": [{"system": RXNORM, "code": rx[0], "display": rx[1]}],
                                           "text": rx[1]},
-            "subject": {"reference": f"Patient/{pid}"}, "authoredOn": _iso(now), "dosageInstruction": [dosage]}
+            "subject": {"reference": f"Patient/{pid}"}, "authoredOn": _iso(now),
+            "dosageInstruction": [dosage]}
 
 
 def _service_request(pid: str, system: str, code: str, display: str, now: datetime, **extra: object) -> dict:
@@ -500,7 +527,7 @@ class PatientAge(_Clinical):
 
 @register
 class LabLast24h(_Clinical):
-    """A window filter plus an entered-in-error copy more recent than the real result; often nothing qualifies."""
+    """A window filter, an entered-in-error copy more recent than the real result; often nothing qualifies."""
 
     id = "clinical.lab_last_24h"
     title = "Latest value of a lab within the last 24 hours (or nothing found)"
@@ -509,7 +536,8 @@ class LabLast24h(_Clinical):
     resource_types = ("Patient", "Observation")
     sequences = (("searchResources", "searchResources"),)
     prohibited_tools = READ_ONLY
-    answer = AnswerSpec((Field("value", "number", "the result in the unit the lab reports"),), none_allowed=True)
+    answer = AnswerSpec((Field("value", "number", "the result in the unit the lab reports"),),
+                        none_allowed=True)
     CODES = ("19123-9", "2823-3", "2951-2", "2160-0", "718-7")
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -517,18 +545,19 @@ class LabLast24h(_Clinical):
         person = pick(rng, _adults(view))
         if not _quiet_since(view, person["pid"], RELATED.get(code, (code,)), view.now - timedelta(days=5)):
             return None
-        found = rng.random() < 0.65
-        draws: list[list] = []
-        old = rng.randint(27 * 60, 70 * 60)
-        draws.append([old, _lab_value(rng, code), "final"])
-        if found:
-            recent = rng.randint(30, 22 * 60)
-            value = _lab_value(rng, code)
-            draws.append([recent, value, "final"])
-            if rng.random() < 0.6:
+        if rng.random() < 0.65:  # a result inside the window, often shadowed by a newer entered-in-error copy
+            recent, value = rng.randint(30, 22 * 60), _lab_value(rng, code)
+            draws = [[recent, value, "final"]]
+            other = rng.random()
+            if other < 0.5:
                 draws.append([rng.randint(5, recent - 5), _slip(rng, value), "entered-in-error"])
-        elif rng.random() < 0.7:
-            draws.append([rng.randint(30, 22 * 60), _slip(rng, _lab_value(rng, code)), "entered-in-error"])
+            elif other < 0.8:
+                draws.append([rng.randint(27 * 60, 70 * 60), _lab_value(rng, code), "final"])
+        else:  # only an older result, and often an entered-in-error one inside the window
+            draws = [[rng.randint(27 * 60, 70 * 60), _lab_value(rng, code), "final"]]
+            if rng.random() < 0.7:
+                wrong = _slip(rng, _lab_value(rng, code))
+                draws.append([rng.randint(30, 22 * 60), wrong, "entered-in-error"])
         return {**_patient_params(person, rng), "code": code, "draws": draws}
 
     def prompt(self, params: dict) -> str:
@@ -553,59 +582,63 @@ class LabLast24h(_Clinical):
 
 @register
 class LabMean(_Clinical):
-    """Averaging needs every result of the window and none outside it; an entered-in-error outlier sits inside."""
+    """Averaging needs every valid result of the window and none outside it (hospital stays chart labs
+    daily; the world's entered-in-error copies sometimes fall inside)."""
 
     id = "clinical.lab_mean"
-    title = "Mean of a lab's results over the last N hours"
+    title = "Mean of a lab's results between two dates"
     difficulty = 2
     writes = False
     resource_types = ("Patient", "Observation")
     sequences = (("searchResources", "searchResources"),)
     prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("mean", "number", "the average, rounded to one decimal", tolerance=0.06),))
-    CODES = ("2345-7", "2823-3", "2951-2")
+    CODES = ("2345-7", "2823-3", "2951-2", "2160-0", "718-7")
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         code = rng.choice(self.CODES)
-        hours = rng.choice((24, 48, 72))
-        person = pick(rng, _adults(view))
-        if not _quiet_since(view, person["pid"], RELATED.get(code, (code,)), view.now - timedelta(hours=hours + 72)):
+        candidates = [p for p in _adults(view)
+                      if sum(r[1] in VALID for r in _world_results(view, p["pid"], (code,))) >= 2]
+        person = pick(rng, candidates)
+        if person is None:
             return None
-        inside = sorted(rng.sample(range(20, hours * 60 - 60, 37), rng.randint(3, 6)))
-        draws = [[m, _lab_value(rng, code), "final"] for m in inside]
-        draws += [[rng.randint(hours * 60 + 60, hours * 60 + 48 * 60), _lab_value(rng, code), "final"]
-                  for _ in range(rng.randint(1, 2))]
-        if rng.random() < 0.8:
-            bad = rng.choice(inside)
-            draws.append([bad - 4, _slip(rng, draws[inside.index(bad)][1], up=True), "entered-in-error"])
-        return {**_patient_params(person, rng), "code": code, "hours": hours, "draws": draws}
+        rows = [r for r in _world_results(view, person["pid"], (code,)) if r[2] is not None]
+        pivot = rng.choice([r for r in rows if r[1] in VALID])[0].date()
+        first = pivot - timedelta(days=rng.randint(0, 2))
+        last = pivot + timedelta(days=rng.randint(0, 3))
+        inside = [r for r in rows if first <= r[0].date() <= last]
+        if last >= view.now.date() or sum(r[1] in VALID for r in inside) < 2:
+            return None
+        return {**_patient_params(person, rng), "code": code, "first": first.isoformat(),
+                "last": last.isoformat()}
 
     def prompt(self, params: dict) -> str:
         _, words, unit, *_ = LABS[params["code"]]
-        return (f"What was the average {words} (LOINC {params['code']}, in {unit}) of {_who(params)} over the "
-                f"last {params['hours']} hours? Round to one decimal.")
-
-    def setup(self, view: View, params: dict) -> list[dict]:
-        return _draw_resources("mean", params["pid"], params["code"], params["draws"], view.now)
+        return (f"What was the average {words} (LOINC {params['code']}, in {unit}) of {_who(params)} from "
+                f"{human_date(params['first'])} through {human_date(params['last'])} (UTC dates, both days "
+                "included)? Round to one decimal.")
 
     def gold(self, view: View, params: dict) -> Gold:
-        since = view.now - timedelta(hours=params["hours"])
-        rows = [r for r in _all_results(view, params["pid"], params["code"], params["draws"])
-                if r[1] in VALID and since <= r[0] <= view.now and r[2] is not None]
-        assert rows
-        return Gold(answer={"mean": sum(r[2] for r in rows) / len(rows)})
+        first, last = date.fromisoformat(params["first"]), date.fromisoformat(params["last"])
+        found = [r[2] for r in _world_results(view, params["pid"], (params["code"],))
+                 if r[1] in VALID and r[2] is not None and first <= r[0].date() <= last]
+        assert len(found) >= 2
+        return Gold(answer={"mean": sum(found) / len(found)})
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
-        found = [o["valueQuantity"]["value"] for o in
-                 _results(tools, pid, params["code"], since=now - timedelta(hours=params["hours"]))
-                 if _ts(o["effectiveDateTime"]) <= now]
+        end = date.fromisoformat(params["last"]) + timedelta(days=1)
+        query = {"patient": pid, "code": f"{LOINC}|{params['code']}",
+                 "date": [f"ge{params['first']}", f"lt{end}"],
+                 "_count": "15", "_elements": "status,effectiveDateTime,valueQuantity"}
+        found = [o["valueQuantity"]["value"] for o in _search(tools, "Observation", query)
+                 if o["status"] in VALID]
         return _reply(mean=round(sum(found) / len(found), 1))
 
 
 @register
 class LatestGlucose(_Clinical):
-    """Two glucose codes (blood and serum) to merge, and entered-in-error copies just after the real latest."""
+    """Two glucose codes (blood, serum) to merge, and entered-in-error copies just after the real latest."""
 
     id = "clinical.latest_glucose"
     title = "Most recent glucose value and when it was taken (or none on file)"
@@ -640,7 +673,8 @@ class LatestGlucose(_Clinical):
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
-        found = [o for o in _results(tools, pid, ",".join(GLUCOSE), newest=True) if _ts(o["effectiveDateTime"]) <= now]
+        found = [o for o in _results(tools, pid, ",".join(GLUCOSE), newest=True)
+                 if _ts(o["effectiveDateTime"]) <= now]
         if not found:
             return NONE_REPLY
         return _reply(value=found[0]["valueQuantity"]["value"], taken=found[0]["effectiveDateTime"])
@@ -648,7 +682,8 @@ class LatestGlucose(_Clinical):
 
 @register
 class LastHba1c(_Clinical):
-    """The world shadows HbA1c with entered-in-error copies charted minutes after the real latest one."""
+    """The world shadows HbA1c with entered-in-error copies charted minutes after the real latest one
+    (a world where no living patient has an HbA1c gets one, with such a copy, from the setup)."""
 
     id = "clinical.last_hba1c"
     title = "Last HbA1c value and its date (or none on file)"
@@ -657,23 +692,37 @@ class LastHba1c(_Clinical):
     resource_types = ("Patient", "Observation")
     sequences = (("searchResources", "searchResources"),)
     prohibited_tools = READ_ONLY
-    answer = AnswerSpec((Field("value", "number", "the HbA1c in %"), Field("date", "date", "the day it was taken")),
-                        none_allowed=True)
+    answer = AnswerSpec((Field("value", "number", "the HbA1c in %"),
+                         Field("date", "date", "the day it was taken")), none_allowed=True)
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
-        person = pick(rng, _people(view))
+        tested = view.cached("clin_a1c_tested", lambda: [
+            p for p in _people(view)
+            if any(r[1] in VALID for r in _world_results(view, p["pid"], ("4548-4",)))])
+        want = rng.random() < 0.7
+        person = pick(rng, tested if want and tested else _people(view))
         if not _quiet_since(view, person["pid"], ("4548-4",), view.now - timedelta(days=1)):
             return None
-        has = any(r[1] in VALID for r in _world_results(view, person["pid"], ("4548-4",)))
-        if not has and rng.random() < 0.7:
+        has = person in tested
+        if has != want and tested:
             return None
-        return _patient_params(person, rng)
+        draws: list[list] = []
+        if want and not has:
+            days = rng.randint(30, 900)
+            value = _lab_value(rng, "4548-4")
+            draws = [[days * 1440, value, "final"],
+                     [days * 1440 - 17, _slip(rng, value, up=True), "entered-in-error"]]
+        return {**_patient_params(person, rng), "draws": draws}
+
+    def setup(self, view: View, params: dict) -> list[dict]:
+        return _draw_resources("a1c", params["pid"], "4548-4", params["draws"], view.now)
 
     def prompt(self, params: dict) -> str:
-        return f"What was the last hemoglobin A1c (LOINC 4548-4) of {_who(params)}, and on what date was it taken?"
+        return (f"What was the last hemoglobin A1c (LOINC 4548-4) of {_who(params)}, and on what date was "
+                "it taken?")
 
     def gold(self, view: View, params: dict) -> Gold:
-        latest = _latest_valid([r[:3] for r in _world_results(view, params["pid"], ("4548-4",))], view.now)
+        latest = _latest_valid(_all_results(view, params["pid"], "4548-4", params["draws"]), view.now)
         return Gold(answer={"value": latest[2], "date": latest[0].date()} if latest else NOT_FOUND)
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
@@ -718,13 +767,14 @@ class ActiveMedicationCount(_Clinical):
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
         orders = _search(tools, "MedicationRequest", {"patient": pid, "status": "active", "_count": "15",
-                                                      "_elements": "medicationCodeableConcept,medicationReference"})
+                                                      "_elements": DRUG_ELEMENTS})
         codes = set()
         for o in orders:
             rx = _rx(o.get("medicationCodeableConcept"))
             if rx is None and o.get("medicationReference"):
                 med_id = o["medicationReference"]["reference"].split("/")[-1]
-                med = tools.call("getResourceById", {"resourceType": "Medication", "resourceId": med_id}).output
+                med = tools.call("getResourceById",
+                                 {"resourceType": "Medication", "resourceId": med_id}).output
                 rx = _rx(med.get("code"))
             if rx:
                 codes.add(rx["code"])
@@ -764,8 +814,9 @@ class LastOutpatientVisit(_Clinical):
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
-        found = [e for e in _search(tools, "Encounter", {"patient": pid, "class": "AMB", "_sort": "-date",
-                                                          "_count": "5"}, all_pages=False) if _ts(e["period"]["start"]) <= now]
+        query = {"patient": pid, "class": "AMB", "_sort": "-date", "_count": "5"}
+        found = [e for e in _search(tools, "Encounter", query, all_pages=False)
+                 if _ts(e["period"]["start"]) <= now]
         first = found[0]
         code = next(c["code"] for t in first["type"] for c in t["coding"] if c.get("system") == SNOMED)
         return _reply(date=first["period"]["start"][:10], type_code=code)
@@ -821,10 +872,11 @@ class RecordBloodPressure(_RecordVital):
         return {"systolic": systolic, "diastolic": rng.randint(54, min(108, systolic - 25))}
 
     def prompt(self, params: dict) -> str:
-        return (f"Record a blood pressure of {params['systolic']}/{params['diastolic']} mmHg for {_who(params)}, "
-                "taken just now. Chart it as a vital-signs Observation with status final, LOINC 85354-9 "
-                "(blood pressure panel), a systolic component (LOINC 8480-6) and a diastolic component "
-                "(LOINC 8462-4), both in mm[Hg] (UCUM), effective now.")
+        reading = f"{params['systolic']}/{params['diastolic']}"
+        return (f"Record a blood pressure of {reading} mmHg for {_who(params)}, taken just now. Chart it as "
+                "a vital-signs Observation with status final, LOINC 85354-9 (blood pressure panel), a "
+                "systolic component (LOINC 8480-6) and a diastolic component (LOINC 8462-4), both in mm[Hg] "
+                "(UCUM), effective now.")
 
     def value_checks(self, params: dict) -> tuple[Check, ...]:
         want = (("8480-6", params["systolic"]), ("8462-4", params["diastolic"]))
@@ -857,14 +909,15 @@ class _SimpleVital(_RecordVital):
         return (eq("valueQuantity.value", params["value"]), _unit_is("valueQuantity", self.UNIT))
 
     def value_body(self, params: dict) -> dict:
-        return {"valueQuantity": {"value": params["value"], "unit": self.UNIT, "system": UCUM, "code": self.UNIT}}
+        return {"valueQuantity": {"value": params["value"], "unit": self.UNIT, "system": UCUM,
+                                  "code": self.UNIT}}
 
 
 @register
 class RecordBodyWeight(_SimpleVital):
     id = "clinical.record_body_weight"
     title = "Chart a body weight in kg"
-    difficulty = 1
+    difficulty = 2
     CODE, DISPLAY, UNIT = "29463-7", "Body weight", "kg"
 
     def measure(self, rng: random.Random) -> dict:
@@ -880,7 +933,7 @@ class RecordBodyWeight(_SimpleVital):
 class RecordHeartRate(_SimpleVital):
     id = "clinical.record_heart_rate"
     title = "Chart a heart rate in beats per minute"
-    difficulty = 1
+    difficulty = 2
     CODE, DISPLAY, UNIT = "8867-4", "Heart rate", "/min"
 
     def measure(self, rng: random.Random) -> dict:
@@ -888,8 +941,8 @@ class RecordHeartRate(_SimpleVital):
 
     def prompt(self, params: dict) -> str:
         return (f"The heart rate of {_who(params)} is {params['value']} beats per minute, measured just now. "
-                "Chart it as a vital-signs Observation with status final, LOINC 8867-4 (heart rate), the value "
-                "in /min (UCUM), effective now.")
+                "Chart it as a vital-signs Observation with status final, LOINC 8867-4 (heart rate), the "
+                "value in /min (UCUM), effective now.")
 
 
 @register
@@ -905,16 +958,18 @@ class RecordTemperature(_RecordVital):
         return {"fahrenheit": round(rng.uniform(96.8, 104.0), 1)}
 
     def prompt(self, params: dict) -> str:
-        return (f"{_cap(_who(params))} has a temperature of {params['fahrenheit']} °F, measured just now. Chart "
-                "it as a vital-signs Observation with status final, LOINC 8310-5 (body temperature), effective "
-                "now, with the value converted to degrees Celsius (UCUM Cel) and rounded to one decimal.")
+        return (f"{_cap(_who(params))} has a temperature of {params['fahrenheit']} °F, measured just now. "
+                "Chart it as a vital-signs Observation with status final, LOINC 8310-5 (body temperature), "
+                "effective now, with the value converted to degrees Celsius (UCUM Cel) and rounded to one "
+                "decimal.")
 
     @staticmethod
     def celsius(params: dict) -> float:
         return (params["fahrenheit"] - 32) * 5 / 9
 
     def value_checks(self, params: dict) -> tuple[Check, ...]:
-        return (_number_near("valueQuantity.value", self.celsius(params), 0.06), _unit_is("valueQuantity", "Cel"))
+        return (_number_near("valueQuantity.value", self.celsius(params), 0.06),
+                _unit_is("valueQuantity", "Cel"))
 
     def value_body(self, params: dict) -> dict:
         return {"valueQuantity": {"value": round(self.celsius(params), 1), "unit": "Cel", "system": UCUM,
@@ -948,20 +1003,21 @@ class _Magnesium(_Clinical):
         value = _lab_value(rng, "19123-9", 0.8, 1.7) if self.LOW else _lab_value(rng, "19123-9", 1.9, 2.5)
         recent = rng.randint(30, 20 * 60)
         draws = [[recent, value, "final"]]
-        if rng.random() < 0.5:
+        distractor = rng.random()
+        if distractor < 0.45:  # a newer entered-in-error copy on the other side of the threshold
+            draws.append([rng.randint(5, recent - 5), _slip(rng, value, up=self.LOW), "entered-in-error"])
+        elif distractor < 0.8:  # an older (over 24 h) result on the other side
             other = _lab_value(rng, "19123-9", 1.9, 2.4) if self.LOW else _lab_value(rng, "19123-9", 1.0, 1.6)
             draws.append([rng.randint(26 * 60, 60 * 60), other, "final"])
-        if rng.random() < 0.6:
-            draws.append([rng.randint(5, recent - 5), _slip(rng, value, up=self.LOW), "entered-in-error"])
         return {**_patient_params(person, rng), "draws": draws}
 
     def prompt(self, params: dict) -> str:
-        return (f"Check the most recent serum magnesium (LOINC 19123-9) of {_who(params)} from the last 24 hours. "
-                "If it is below 1.8 mg/dL, order IV magnesium sulfate (RxNorm 6585) as a MedicationRequest with "
-                "status active and intent order, with a dosage instruction giving the route as intravenous "
-                "(SNOMED CT 47625008) and the dose in grams (UCUM g) by this scale: below 1.2 mg/dL, 4 g; "
-                "from 1.2 to below 1.5 mg/dL, 2 g; from 1.5 to below 1.8 mg/dL, 1 g. "
-                "If it is 1.8 mg/dL or higher, do not order anything.")
+        return (f"Check the most recent serum magnesium (LOINC 19123-9) of {_who(params)} from the last 24 "
+                "hours. If it is below 1.8 mg/dL, order IV magnesium sulfate (RxNorm 6585) as a "
+                "MedicationRequest with status active and intent order, with a dosage instruction giving "
+                "the route as intravenous (SNOMED CT 47625008) and the dose in grams (UCUM g) by this "
+                "scale: below 1.2 mg/dL, 4 g; from 1.2 to below 1.5 mg/dL, 2 g; from 1.5 to below 1.8 "
+                "mg/dL, 1 g. If it is 1.8 mg/dL or higher, do not order anything.")
 
     def setup(self, view: View, params: dict) -> list[dict]:
         return _draw_resources("mg", params["pid"], "19123-9", params["draws"], view.now)
@@ -996,6 +1052,8 @@ class _Magnesium(_Clinical):
 
 @register
 class MagnesiumReplacement(_Magnesium):
+    """The magnesium is low: one IV order at the dose of its band (no-order case: magnesium_no_order)."""
+
     id = "clinical.magnesium_replacement"
     title = "Low magnesium in the last 24 h: order IV magnesium sulfate at the dose for its band"
     writes = True
@@ -1006,6 +1064,8 @@ class MagnesiumReplacement(_Magnesium):
 
 @register
 class MagnesiumNoOrder(_Magnesium):
+    """Same prompt as magnesium_replacement with a normal value: report it and write nothing."""
+
     id = "clinical.magnesium_no_order"
     title = "Same request as magnesium_replacement, but the magnesium is normal: order nothing"
     writes = False
@@ -1019,7 +1079,7 @@ class _Hba1c(_Clinical):
     """"Most recent" must skip an entered-in-error copy that would flip the one-year decision."""
 
     DUE: bool
-    difficulty = 2
+    difficulty = 3
     answer = AnswerSpec((Field("hba1c", "number", "the most recent HbA1c in %"),
                          Field("date", "date", "the day it was taken"),
                          Field("ordered", "bool", "whether you ordered a new HbA1c")))
@@ -1028,22 +1088,24 @@ class _Hba1c(_Clinical):
         person = pick(rng, _adults(view))
         days = rng.randint(400, 1000) if self.DUE else rng.randint(20, 330)
         world = _world_results(view, person["pid"], ("4548-4",))
-        if any(r[0] > view.now - timedelta(days=1) or (r[1] in VALID and r[0] > view.now - timedelta(days=days + 2))
-               for r in world):
+        if any(r[0] > view.now - timedelta(days=1)
+               or (r[1] in VALID and r[0] > view.now - timedelta(days=days + 2)) for r in world):
             return None
         draws = [[days * 1440 + rng.randint(0, 600), _lab_value(rng, "4548-4"), "final"]]
-        if rng.random() < 0.5:
-            draws.append([(days + rng.randint(150, 500)) * 1440, _lab_value(rng, "4548-4"), "final"])
-        if rng.random() < 0.6:
+        distractor = rng.random()
+        if distractor < 0.5:  # a newer entered-in-error copy (inside the year when the real one is older)
             newer = rng.randint(20, 300) if self.DUE else rng.randint(1, days - 1)
-            draws.append([newer * 1440 + rng.randint(0, 600), _slip(rng, draws[0][1], up=True), "entered-in-error"])
+            wrong = _slip(rng, draws[0][1], up=True)
+            draws.append([newer * 1440 + rng.randint(0, 600), wrong, "entered-in-error"])
+        elif distractor < 0.75:
+            draws.append([(days + rng.randint(150, 500)) * 1440, _lab_value(rng, "4548-4"), "final"])
         return {**_patient_params(person, rng), "draws": draws}
 
     def prompt(self, params: dict) -> str:
-        return (f"When did {_who(params)} last have a hemoglobin A1c (LOINC 4548-4)? If the most recent result is "
-                "more than one year old, order a new HbA1c: a ServiceRequest coded LOINC 4548-4 with status "
-                "active, intent order and priority routine. If there is a result from within the past year, do "
-                "not order anything.")
+        return (f"When did {_who(params)} last have a hemoglobin A1c (LOINC 4548-4)? If the most recent "
+                "result is more than one year old, order a new HbA1c: a ServiceRequest coded LOINC 4548-4 "
+                "with status active, intent order and priority routine. If there is a result from within "
+                "the past year, do not order anything.")
 
     def setup(self, view: View, params: dict) -> list[dict]:
         return _draw_resources("a1c", params["pid"], "4548-4", params["draws"], view.now)
@@ -1066,13 +1128,14 @@ class _Hba1c(_Clinical):
         last = found[0]
         due = _ts(last["effectiveDateTime"]) < now - timedelta(days=365)
         if due:
-            _create(tools, _service_request(pid, LOINC, "4548-4", "Hemoglobin A1c/Hemoglobin.total in Blood", now,
-                                            priority="routine"))
+            _create(tools, _service_request(pid, LOINC, "4548-4", LABS["4548-4"][0], now, priority="routine"))
         return _reply(hba1c=last["valueQuantity"]["value"], date=last["effectiveDateTime"][:10], ordered=due)
 
 
 @register
 class Hba1cReorder(_Hba1c):
+    """The last valid HbA1c is over a year old: order a new one (the recent case is hba1c_not_due)."""
+
     id = "clinical.hba1c_reorder"
     title = "HbA1c older than a year: order a new one"
     writes = True
@@ -1083,6 +1146,8 @@ class Hba1cReorder(_Hba1c):
 
 @register
 class Hba1cNotDue(_Hba1c):
+    """Same prompt as hba1c_reorder with a result from the past year: report it and write nothing."""
+
     id = "clinical.hba1c_not_due"
     title = "Same request as hba1c_reorder, but the last HbA1c is recent: report it, order nothing"
     writes = False
@@ -1114,20 +1179,22 @@ class PotassiumReplacement(_Clinical):
         value = _lab_value(rng, "2823-3", 2.8, 3.4) if low else _lab_value(rng, "2823-3", 3.6, 5.0)
         recent = rng.randint(60, 20 * 60)
         draws = [[recent, value, "final"]]
-        if rng.random() < 0.5:
+        distractor = rng.random()
+        if distractor < 0.4:  # a newer entered-in-error copy on the other side of 3.5
+            draws.append([rng.randint(5, recent - 5), _slip(rng, value, up=low), "entered-in-error"])
+        elif distractor < 0.75:  # an older result on the other side
             other = _lab_value(rng, "2823-3", 3.7, 4.8) if low else _lab_value(rng, "2823-3", 2.9, 3.3)
             draws.append([rng.randint(24 * 60, 72 * 60), other, "final"])
-        if rng.random() < 0.5:
-            draws.append([rng.randint(5, recent - 5), _slip(rng, value, up=low), "entered-in-error"])
         return {**_patient_params(person, rng), "draws": draws}
 
     def prompt(self, params: dict) -> str:
-        return (f"Review the most recent serum potassium (LOINC 2823-3) of {_who(params)}. If it is below 3.5 "
-                "mmol/L, order oral potassium chloride (RxNorm 8591): a MedicationRequest with status active and "
-                "intent order, route oral (SNOMED CT 26643006) and a dose in mEq (UCUM meq) of 10 mEq for every "
-                "0.1 mmol/L below 3.5 (for example, 3.2 mmol/L means 30 mEq). Whatever the result, also order a "
-                "repeat serum potassium to be drawn tomorrow at 08:00 UTC: a ServiceRequest coded LOINC 2823-3 "
-                "with status active, intent order and that time as its occurrence.")
+        return (f"Review the most recent serum potassium (LOINC 2823-3) of {_who(params)}. If it is below "
+                "3.5 mmol/L, order oral potassium chloride (RxNorm 8591): a MedicationRequest with status "
+                "active and intent order, route oral (SNOMED CT 26643006) and a dose in mEq (UCUM meq) of "
+                "10 mEq for every 0.1 mmol/L below 3.5 (for example, 3.2 mmol/L means 30 mEq). Whatever the "
+                "result, also order a repeat serum potassium to be drawn tomorrow at 08:00 UTC: a "
+                "ServiceRequest coded LOINC 2823-3 with status active, intent order and occurrenceDateTime "
+                "tomorrow at 08:00 UTC.")
 
     def setup(self, view: View, params: dict) -> list[dict]:
         return _draw_resources("k", params["pid"], "2823-3", params["draws"], view.now)
@@ -1160,13 +1227,14 @@ class PotassiumReplacement(_Clinical):
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
-        value = next(o for o in _results(tools, pid, "2823-3", newest=True) if _ts(o["effectiveDateTime"]) <= now)
-        value = value["valueQuantity"]["value"]
+        latest = next(o for o in _results(tools, pid, "2823-3", newest=True)
+                      if _ts(o["effectiveDateTime"]) <= now)
+        value = latest["valueQuantity"]["value"]
         if value < 3.5:
             dose = self.dose(value)
             _create(tools, _medication_request(pid, POTASSIUM_CHLORIDE, dose, "meq", ORAL_ROUTE, now,
                                                f"{dose} mEq potassium chloride by mouth"))
-        _create(tools, _service_request(pid, LOINC, "2823-3", "Potassium [Moles/volume] in Serum or Plasma", now,
+        _create(tools, _service_request(pid, LOINC, "2823-3", LABS["2823-3"][0], now,
                                         occurrenceDateTime=_iso(self.tomorrow_8(now))))
         return _reply(potassium=value, replacement_ordered=value < 3.5)
 
@@ -1177,10 +1245,13 @@ class PotassiumReplacement(_Clinical):
 #: (service, SNOMED CT code, display, notes a referring clinician writes)
 REFERRALS = [
     ("orthopedic surgery", "183545006", "Referral to orthopedic service (procedure)", (
-        "Left knee pain and instability after a fall; MRI shows a complete ACL tear. Please evaluate for repair.",
-        "Right hip osteoarthritis with pain at rest despite physiotherapy; please assess for joint replacement.")),
+        "Left knee pain and instability after a fall; MRI shows a complete ACL tear. Please evaluate "
+        "for repair.",
+        "Right hip osteoarthritis with pain at rest despite physiotherapy; please assess for joint "
+        "replacement.")),
     ("cardiology", "183519002", "Referral to cardiology service (procedure)", (
-        "Exertional chest tightness for three weeks with a normal resting ECG; please assess for stable angina.",
+        "Exertional chest tightness for three weeks with a normal resting ECG; please assess for stable "
+        "angina.",
         "New atrial fibrillation, rate controlled; please advise on anticoagulation and rhythm strategy.")),
     ("physiotherapy", "306170007", "Referral to physiotherapy service (procedure)", (
         "Chronic low back pain without red flags; please start a graded exercise program.",)),
@@ -1212,15 +1283,16 @@ class Referral(_Clinical):
 
     def prompt(self, params: dict) -> str:
         service, code, display, _ = REFERRALS[params["service"]]
-        return (f"Please refer {_who(params)} to {service}. Place it as a ServiceRequest coded SNOMED CT {code} "
-                f"({display}) with status active, intent order and priority {params['priority']}, and put this "
-                f"text in its note: \"{params['note']}\"")
+        return (f"Please refer {_who(params)} to {service}. Place it as a ServiceRequest coded SNOMED CT "
+                f"{code} ({display}) with status active, intent order and priority {params['priority']}, and "
+                f"put this text in its note: \"{params['note']}\"")
 
     def gold(self, view: View, params: dict) -> Gold:
         _, code, _, _ = REFERRALS[params["service"]]
         return Gold(expects=[Expect("create", "ServiceRequest", checks=(
             ref("subject", f"Patient/{params['pid']}"), coded("code", SNOMED, code), eq("status", "active"),
-            eq("intent", "order"), eq("priority", params["priority"]), _note_has("note.text", params["note"])))])
+            eq("intent", "order"), eq("priority", params["priority"]),
+            _note_has("note.text", params["note"])))])
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
@@ -1253,7 +1325,8 @@ class StopMedication(_Clinical):
         names = defaultdict(set)
         for r in active:
             names[r["display"].lower()].add(r["code"])
-        single = [rs[0] for rs in by_code.values() if len(rs) == 1 and len(names[rs[0]["display"].lower()]) == 1]
+        single = [rs[0] for rs in by_code.values()
+                  if len(rs) == 1 and len(names[rs[0]["display"].lower()]) == 1]
         chosen = pick(rng, sorted(single, key=lambda r: r["id"]))
         if chosen is None:
             return None
@@ -1265,12 +1338,12 @@ class StopMedication(_Clinical):
 
     def gold(self, view: View, params: dict) -> Gold:
         return Gold(expects=[Expect("update", "MedicationRequest", id=params["request"],
-                                    checks=(eq("status", "stopped"),))])
+                                    checks=(eq("status", "stopped"), _may_change("statusReason")))])
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
         orders = _search(tools, "MedicationRequest", {"patient": pid, "status": "active", "_count": "15",
-                                                      "_elements": "medicationCodeableConcept,medicationReference"})
+                                                      "_elements": DRUG_ELEMENTS})
         wanted = params["drug"].lower()
         target = None
         for o in orders:
@@ -1283,10 +1356,10 @@ class StopMedication(_Clinical):
                 target = o
                 break
         assert target is not None
-        body = tools.call("getResourceById", {"resourceType": "MedicationRequest", "resourceId": target["id"]}).output
-        body = {k: v for k, v in body.items() if k != "meta"}
+        key = {"resourceType": "MedicationRequest", "resourceId": target["id"]}
+        body = {k: v for k, v in tools.call("getResourceById", key).output.items() if k != "meta"}
         body["status"] = "stopped"
-        tools.call("updateResource", {"resourceType": "MedicationRequest", "resourceId": target["id"], "body": body})
+        tools.call("updateResource", {**key, "body": body})
         return "Stopped the prescription."
 
 
@@ -1325,18 +1398,20 @@ class PrescribeMedication(_Clinical):
     def prompt(self, params: dict) -> str:
         code, name, tablets, times, spoken = PRESCRIPTIONS[params["drug"]]
         unit = "tablet" if tablets == 1 else "tablets"
-        return (f"Start {_who(params)} on {name} (RxNorm {code}), {spoken}. Record it as a MedicationRequest with "
-                f"status active and intent order whose dosage instruction has route oral (SNOMED CT 26643006), a "
-                f"dose of {tablets} {unit} and a timing of {times} per day (frequency {times}, period 1, period "
-                "unit d).")
+        return (f"Start {_who(params)} on {name} (RxNorm {code}), {spoken}. Record it as a MedicationRequest "
+                "with status active and intent order whose dosage instruction has route oral (SNOMED CT "
+                f"26643006), a dose of {tablets} {unit} and a timing of {times} per day (frequency {times}, "
+                "period 1, period unit d).")
 
     def gold(self, view: View, params: dict) -> Gold:
         code, _, tablets, times, _ = PRESCRIPTIONS[params["drug"]]
         return Gold(expects=[Expect("create", "MedicationRequest", checks=(
             ref("subject", f"Patient/{params['pid']}"), eq("status", "active"), eq("intent", "order"),
-            coded("medicationCodeableConcept", RXNORM, code), coded("dosageInstruction.route", SNOMED, ORAL_ROUTE[0]),
+            coded("medicationCodeableConcept", RXNORM, code),
+            coded("dosageInstruction.route", SNOMED, ORAL_ROUTE[0]),
             eq("dosageInstruction.doseAndRate.doseQuantity.value", tablets),
-            eq("dosageInstruction.timing.repeat.frequency", times), eq("dosageInstruction.timing.repeat.period", 1),
+            eq("dosageInstruction.timing.repeat.frequency", times),
+            eq("dosageInstruction.timing.repeat.period", 1),
             eq("dosageInstruction.timing.repeat.periodUnit", "d")))])
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
@@ -1360,13 +1435,13 @@ ALLERGENS = [
     (SNOMED, "288328004", "Bee venom (substance)", "environment", "bee stings"),
 ]
 #: (SNOMED CT code, display, criticality)
-REACTIONS = [("247472004", "Hives", "low"), ("271807003", "Skin rash", "low"), ("39579001", "Anaphylaxis", "high"),
-             ("267036007", "Dyspnea", "high")]
+REACTIONS = [("247472004", "Hives", "low"), ("271807003", "Skin rash", "low"),
+             ("39579001", "Anaphylaxis", "high"), ("267036007", "Dyspnea", "high")]
 
 
 @register
 class RecordAllergy(_Clinical):
-    """Several coded elements with their own code systems (clinical and verification status, manifestation)."""
+    """Several coded elements with their own code systems (clinical, verification status, manifestation)."""
 
     id = "clinical.record_allergy"
     title = "Record a new allergy with its reaction"
@@ -1386,10 +1461,10 @@ class RecordAllergy(_Clinical):
         system, code, display, category, spoken = ALLERGENS[params["allergen"]]
         rcode, reaction, criticality = REACTIONS[params["reaction"]]
         coding = "RxNorm" if system == RXNORM else "SNOMED CT"
-        return (f"{_cap(_who(params))} reacts to {spoken} ({reaction.lower()}). Please record the allergy: an "
-                f"AllergyIntolerance coded {coding} {code} ({display}), type allergy, category {category}, "
-                f"clinical status active, verification status confirmed, criticality {criticality}, with a "
-                f"reaction whose manifestation is {reaction} (SNOMED CT {rcode}).")
+        return (f"{_cap(_who(params))} reacts to {spoken} ({reaction.lower()}). Please record the allergy: "
+                f"an AllergyIntolerance coded {coding} {code} ({display}), type allergy, category "
+                f"{category}, clinical status active, verification status confirmed, criticality "
+                f"{criticality}, with a reaction whose manifestation is {reaction} (SNOMED CT {rcode}).")
 
     def gold(self, view: View, params: dict) -> Gold:
         system, code, _, category, _ = ALLERGENS[params["allergen"]]
@@ -1412,7 +1487,8 @@ class RecordAllergy(_Clinical):
             "type": "allergy", "category": [category], "criticality": criticality,
             "code": {"coding": [{"system": system, "code": code, "display": display}]},
             "patient": {"reference": f"Patient/{pid}"}, "recordedDate": _iso(now),
-            "reaction": [{"manifestation": [{"coding": [{"system": SNOMED, "code": rcode, "display": reaction}]}]}]})
+            "reaction": [{"manifestation": [{"coding": [{"system": SNOMED, "code": rcode,
+                                                         "display": reaction}]}]}]})
         return "Recorded the allergy."
 
 
@@ -1421,7 +1497,8 @@ VACCINES = [
     ("140", "Influenza, seasonal, injectable, preservative free", "the seasonal flu shot"),
     ("115", "Tdap", "a Tdap booster"),
     ("43", "Hep B, adult", "an adult hepatitis B vaccine dose"),
-    ("33", "pneumococcal polysaccharide vaccine, 23 valent", "the pneumococcal polysaccharide vaccine (PPSV23)"),
+    ("33", "pneumococcal polysaccharide vaccine, 23 valent",
+     "the pneumococcal polysaccharide vaccine (PPSV23)"),
     ("187", "zoster vaccine recombinant", "the recombinant zoster vaccine"),
     ("208", "COVID-19, mRNA, LNP-S, PF, 30 mcg/0.3 mL dose", "a COVID-19 mRNA vaccine dose"),
 ]
@@ -1438,20 +1515,21 @@ class RecordImmunization(_Clinical):
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         lot = "".join(rng.choice("ABCDEFGHJKLMNPRSTUVWXYZ") for _ in range(2)) + str(rng.randint(1000, 99999))
-        return {**_patient_params(pick(rng, _people(view)), rng), "vaccine": rng.randrange(len(VACCINES)),
+        return {**_patient_params(pick(rng, _adults(view)), rng), "vaccine": rng.randrange(len(VACCINES)),
                 "lot": lot, "site": rng.choice(("LA", "RA"))}
 
     def prompt(self, params: dict) -> str:
         code, _, spoken = VACCINES[params["vaccine"]]
         arm = "left" if params["site"] == "LA" else "right"
-        return (f"{_cap(_who(params))} was given {spoken} (CVX {code}) here today, lot number {params['lot']}, in "
-                f"the {arm} arm. Please record the immunization with status completed, today's date, that lot "
-                f"number and the site coded as HL7 ActSite {params['site']}.")
+        return (f"{_cap(_who(params))} was given {spoken} (CVX {code}) here today, lot number "
+                f"{params['lot']}, in the {arm} arm. Please record the immunization with status completed, "
+                f"today's date, that lot number and the site coded as HL7 ActSite {params['site']}.")
 
     def gold(self, view: View, params: dict) -> Gold:
         code, _, _ = VACCINES[params["vaccine"]]
         return Gold(expects=[Expect("create", "Immunization", checks=(
-            ref("patient", f"Patient/{params['pid']}"), coded("vaccineCode", CVX, code), eq("status", "completed"),
+            ref("patient", f"Patient/{params['pid']}"), coded("vaccineCode", CVX, code),
+            eq("status", "completed"),
             on_day("occurrenceDateTime", view.now.date().isoformat()), eq("lotNumber", params["lot"]),
             coded("site", ACT_SITE, params["site"])))])
 
@@ -1476,7 +1554,7 @@ VOIDABLE = [
 
 @register
 class VoidObservation(_Clinical):
-    """Several readings of the same vital that day: the one named by time and value must be marked
+    """Another reading of the same vital that day: the one named by time and value must be marked
     entered-in-error by an update (not deleted), everything else on it kept."""
 
     id = "clinical.void_observation"
@@ -1492,8 +1570,8 @@ class VoidObservation(_Clinical):
         person = pick(rng, _adults(view))
         if not _quiet_since(view, person["pid"], (code,), view.now - timedelta(days=2)):
             return None
-        minutes = sorted(rng.sample(range(15, 16 * 60, 23), 3), reverse=True)
-        wrong = rng.randrange(3)
+        minutes = sorted(rng.sample(range(15, 16 * 60, 23), 2), reverse=True)
+        wrong = rng.randrange(2)
         readings = []
         for i, m in enumerate(minutes):
             a, b = (bad_lo, bad_hi) if i == wrong else (lo, hi)
@@ -1505,9 +1583,9 @@ class VoidObservation(_Clinical):
         _, _, words, _, spoken, *_ = VOIDABLE[params["vital"]]
         at, value = params["readings"][params["wrong"]]
         moment = _ts(at)
-        return (f"The {words} of {value} {spoken} charted for {_who(params)} on {human_date(moment.date())} at "
-                f"{moment.strftime('%H:%M')} UTC was recorded on the wrong patient. Mark that observation as entered "
-                "in error (do not delete it, and leave the rest of it unchanged).")
+        return (f"The {words} of {value} {spoken} charted for {_who(params)} on {human_date(moment.date())} "
+                f"at {moment.strftime('%H:%M')} UTC was recorded on the wrong patient. Mark that observation "
+                "as entered in error (do not delete it, and leave the rest of it unchanged).")
 
     def setup(self, view: View, params: dict) -> list[dict]:
         code, display, _, unit, *_ = VOIDABLE[params["vital"]]
@@ -1518,17 +1596,20 @@ class VoidObservation(_Clinical):
     def gold(self, view: View, params: dict) -> Gold:
         target = f"clin-vital-{params['wrong'] + 1}"
         assert view.read("Observation", target) is not None
-        return Gold(expects=[Expect("update", "Observation", id=target, checks=(eq("status", "entered-in-error"),))])
+        return Gold(expects=[Expect("update", "Observation", id=target,
+                                    checks=(eq("status", "entered-in-error"), _may_change("note")))])
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
         code = VOIDABLE[params["vital"]][0]
         at, value = params["readings"][params["wrong"]]
-        found = _search(tools, "Observation", {"patient": pid, "code": f"{LOINC}|{code}",
-                                               "date": f"ge{_iso(_ts(at) - timedelta(minutes=1))}", "_sort": "date"})
+        since = _iso(_ts(at) - timedelta(minutes=1))
+        query = {"patient": pid, "code": f"{LOINC}|{code}", "date": f"ge{since}", "_sort": "date"}
+        found = _search(tools, "Observation", query)
         target = next(o for o in found if _ts(o["effectiveDateTime"]) == _ts(at)
                       and o["valueQuantity"]["value"] == value)
         body = {k: v for k, v in target.items() if k != "meta"}
         body["status"] = "entered-in-error"
-        tools.call("updateResource", {"resourceType": "Observation", "resourceId": target["id"], "body": body})
+        tools.call("updateResource",
+                   {"resourceType": "Observation", "resourceId": target["id"], "body": body})
         return "Marked the observation as entered in error."

@@ -363,7 +363,7 @@ class EarliestMatchingDoctorSlot(Family):
     difficulty = 3
     writes = False
     resource_types = ("Slot",)
-    sequences = (("searchResources", "searchResources"),)
+    sequences = (("searchResources",),)
     prohibited_tools = READ_ONLY
     answer = SLOT_ANSWER
 
@@ -413,13 +413,16 @@ class EarliestMatchingDoctorSlot(Family):
         return Gold(answer={"slot_id": slot.id, "start": slot.start})
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
-        query = {"communication": f"urn:ietf:bcp:47|{params['language']}", "active": "true", "_elements": "name"}
+        query = {"communication:text": params["language_name"], "active": "true", "_elements": "name,communication"}
         if params["gender"]:
             query["gender"] = params["gender"]
         if params["city"]:
             query["address-city"] = params["city"]
         best: dict | None = None
         for p in _search(tools, "Practitioner", query).get("resources", []):
+            spoken = {str(c.get("text", "")).lower() for c in p.get("communication", [])}
+            if params["language_name"].lower() not in spoken:
+                continue
             scheds = _search(tools, "Schedule", {"actor": f"Practitioner/{p['id']}", "active": "true",
                                                  "specialty:text": params["specialty"], "_elements": "id"})
             for s in scheds.get("resources", []):
@@ -493,7 +496,7 @@ class FirstDoctorSlot(Family):
     difficulty = 2
     writes = False
     resource_types = ("Slot",)
-    sequences = (("searchResources", "searchResources"),)
+    sequences = (("searchResources",),)
     prohibited_tools = READ_ONLY
     answer = SLOT_ANSWER
 
@@ -575,12 +578,12 @@ class NextWeekdaySlots(Family):
     """"Next Tuesday" must be resolved from the clock; the clinic variant needs location → roles → schedules."""
 
     id = "scheduling.next_weekday_slots"
-    title = "All free slots on next <weekday> of a doctor, or of a specialty at a clinic"
+    title = "All free slots on next <weekday> of a doctor or a specialty (optionally at one clinic)"
     category = "scheduling"
     difficulty = 2
     writes = False
     resource_types = ("Slot",)
-    sequences = (("searchResources", "searchResources"),)
+    sequences = (("searchResources",),)
     prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("slot_ids", "ids", "the Slot resource ids"),))
 
@@ -588,25 +591,31 @@ class NextWeekdaySlots(Family):
     def _docs(f: _Facts, params: dict) -> list[_Doc]:
         if params.get("doctor"):
             return [_doc_of(f, params)]
-        return [d for d in f.docs if d.location_name == params["clinic"] and d.spec == params["specialty"]]
+        return [d for d in f.docs if d.spec == params["specialty"]
+                and (params["clinic"] is None or d.location_name == params["clinic"])]
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         f = _facts(view)
         weekday = rng.randrange(5)
         day = _next_weekday(view.now.date(), weekday)
-        if rng.random() < 0.5:
+        variant = rng.choice(("doctor", "doctor", "clinic", "specialty"))
+        if variant == "doctor":
             params: dict = {"weekday": weekday, "clinic": None, "specialty": None, **_label(f, _pick_doc(rng, f))}
         else:
             d = rng.choice(f.docs)
-            params = {"weekday": weekday, "clinic": d.location_name, "specialty": d.spec,
-                      "doctor": None, "doctor_specialty": None, "doctor_city": None}
+            params = {"weekday": weekday, "clinic": d.location_name if variant == "clinic" else None,
+                      "specialty": d.spec, "doctor": None, "doctor_specialty": None, "doctor_city": None}
         n = len(_window(f, self._docs(f, params), _midnight(day), _midnight(day + timedelta(days=1))))
         return params if 1 <= n <= 25 else None
 
     def prompt(self, params: dict) -> str:
         wd = WEEKDAY_NAMES[params["weekday"]]
-        whose = (_doctor_text(params) if params["doctor"] else
-                 f"the {params['specialty']} doctors at {params['clinic']}")
+        if params["doctor"]:
+            whose = _doctor_text(params)
+        elif params["clinic"]:
+            whose = f"the {params['specialty']} doctors at {params['clinic']}"
+        else:
+            whose = f"all our {params['specialty']} doctors (every clinic)"
         return (f"List all free slots of {whose} on next {wd} (the first {wd} after today), including any slots "
                 "reserved for urgent visits.")
 
@@ -617,14 +626,19 @@ class NextWeekdaySlots(Family):
         return Gold(answer={"slot_ids": [s.id for s in slots]})
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
+        scheds: list[str] = []
         if params["doctor"]:
             scheds = _doctor_schedules(tools, params["doctor"], params.get("doctor_specialty"),
                                        params.get("doctor_city"))
-        else:
+        elif params["clinic"]:
             scheds = _schedules_at(tools, params["clinic"], params["specialty"])
         day = _next_weekday(now.date(), params["weekday"])
-        slots = _slots(tools, {"schedule": ",".join(f"Schedule/{s}" for s in scheds), "status": "free",
-                               "start": [f"ge{day.isoformat()}", f"lt{(day + timedelta(days=1)).isoformat()}"]})
+        query = {"status": "free", "start": [f"ge{day.isoformat()}", f"lt{(day + timedelta(days=1)).isoformat()}"]}
+        if params["doctor"] or params["clinic"]:
+            query["schedule"] = ",".join(f"Schedule/{s}" for s in scheds)
+        else:
+            query["specialty:text"] = params["specialty"]
+        slots = _slots(tools, query)
         return answer_text({"slot_ids": [s["id"] for s in slots]})
 
 
@@ -638,7 +652,7 @@ class FollowUpSlots(Family):
     difficulty = 2
     writes = False
     resource_types = ("Slot",)
-    sequences = (("searchResources", "searchResources"),)
+    sequences = (("searchResources",),)
     prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("count", "int", "how many free routine slots the doctor has in the window"),
                          Field("first_slot_id", "id", "the Slot resource id of the earliest of them")))
@@ -688,7 +702,7 @@ class WeekdayMorningSlots(Family):
     difficulty = 2
     writes = False
     resource_types = ("Slot",)
-    sequences = (("searchResources", "searchResources"),)
+    sequences = (("searchResources",),)
     prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("slot_ids", "ids", "the Slot resource ids"),))
 
@@ -792,7 +806,7 @@ class WhoBookedDoctorSlot(Family):
     difficulty = 2
     writes = False
     resource_types = ("Appointment",)
-    sequences = (("searchResources", "searchResources"),)
+    sequences = (("searchResources",),)
     prohibited_tools = READ_ONLY
     answer = BOOKING_ANSWER
 
@@ -836,7 +850,7 @@ class WhoBookedClinicSlot(Family):
     difficulty = 2
     writes = False
     resource_types = ("Appointment",)
-    sequences = (("searchResources", "searchResources"),)
+    sequences = (("searchResources",),)
     prohibited_tools = READ_ONLY
     answer = BOOKING_ANSWER
 
