@@ -8,7 +8,7 @@ same through ``Toolbox.call`` (target: ≤ 1 ms p50 more), over MCP in process (
 over MCP stdio (the ``fhirgym mcp fhir`` CLI spawned; target ≤ 5 ms p50 more than in-process tools) and
 over streamable HTTP (``serve_http`` in this process, and the CLI's HTTP server as a separate process, which
 is how an external agent sees it). A trivial SDK tool over stdio gives the floor of this machine. Prints
-p50/p95 in ms and ratios; the "text" row leaves out MCP's structured copy of the output, to show its cost.
+p50/p95 in ms and ratios; "text" rows leave out MCP's structured copy of the output, to show its cost.
 """
 
 from __future__ import annotations
@@ -105,60 +105,66 @@ def main() -> None:
     n = opts.n
 
     rows: dict[tuple[str, str], list[float]] = {}
-    rows[("direct InProcessClient", "getResourceById")] = _time_sync(lambda: client.read("Patient", pid), n)
-    rows[("direct InProcessClient", "searchResources")] = _time_sync(lambda: client.search("Patient", SEARCH), n)
+
+    def over_mcp(path: str, target: object) -> None:
+        for label, samples in anyio.run(_over_mcp, target, calls, n).items():
+            rows[(path, label)] = samples
+
+    direct = {"getResourceById": lambda: client.read("Patient", pid),
+              "searchResources": lambda: client.search("Patient", SEARCH)}
+    for label, fn in direct.items():
+        rows[("direct InProcessClient", label)] = _time_sync(fn, n)
     for label, (name, args) in calls.items():
         rows[("Toolbox.call", label)] = _time_sync(lambda name=name, args=args: box.call(name, args), n)
     box.calls.clear()
 
-    for label, samples in anyio.run(_over_mcp, build_server(box, "bench"), calls, n).items():
-        rows[("MCP in-process", label)] = samples
-    for label, samples in anyio.run(_over_mcp, build_server(box, "bench", structured=False), calls, n).items():
-        rows[("MCP in-process, text", label)] = samples  # without the structured copy of the output
+    over_mcp("MCP in-process", build_server(box, "bench"))
+    over_mcp("MCP in-process, text", build_server(box, "bench", structured=False))
     cmd = _cli()
-    params = StdioServerParameters(command=cmd[0], args=[*cmd[1:], "mcp", "fhir", "--world", str(opts.world)],
-                                   env=dict(os.environ))
-    for label, samples in anyio.run(_over_mcp, params, calls, n).items():
-        rows[("MCP stdio (CLI)", label)] = samples
+    env = dict(os.environ)
+    stdio_args = [*cmd[1:], "mcp", "fhir", "--world", str(opts.world)]
+    over_mcp("MCP stdio (CLI)", StdioServerParameters(command=cmd[0], args=stdio_args, env=env))
+    over_mcp("MCP stdio, text-only", StdioServerParameters(command=cmd[0], args=[*stdio_args, "--text-only"],
+                                                           env=env))
     with serve_http(box) as handle:  # server thread and client share this process (and its GIL)
-        for label, samples in anyio.run(_over_mcp, handle.url, calls, n).items():
-            rows[("MCP HTTP serve_http", label)] = samples
-    proc = subprocess.Popen([*cmd, "mcp", "fhir", "--transport", "http", "--port", "0", "--world", str(opts.world)],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=dict(os.environ))
+        over_mcp("MCP HTTP serve_http", handle.url)
+    http_args = ["mcp", "fhir", "--transport", "http", "--port", "0", "--world", str(opts.world)]
+    proc = subprocess.Popen([*cmd, *http_args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env=env)
     try:
-        url = proc.stdout.readline().strip()  # type: ignore[union-attr]
-        for label, samples in anyio.run(_over_mcp, url, calls, n).items():
-            rows[("MCP HTTP (CLI process)", label)] = samples
+        over_mcp("MCP HTTP (CLI process)", proc.stdout.readline().strip())  # type: ignore[union-attr]
     finally:
         proc.terminate()
         proc.wait(10)
-    floor = anyio.run(_over_mcp, StdioServerParameters(command=sys.executable, args=["-c", TRIVIAL_SERVER],
-                                                       env=dict(os.environ)),
-                      {"add": ("add", {"a": 1, "b": 2})}, n)["add"]
+    trivial = StdioServerParameters(command=sys.executable, args=["-c", TRIVIAL_SERVER], env=env)
+    floor = anyio.run(_over_mcp, trivial, {"add": ("add", {"a": 1, "b": 2})}, n)["add"]
     store.close()
+
+    def p50(path: str, label: str) -> float:
+        return statistics.median(rows[(path, label)])
 
     print(f"world {opts.world.name}, {n} timed calls per cell (after 20 warm-up), ms; "
           f"Python {sys.version.split()[0]}, load avg {os.getloadavg()[0]:.1f}")
-    head = f"{'path':<22} {'call':<16} {'p50':>7} {'p95':>7} {'+p50 vs direct':>15} {'x direct':>9} {'x Toolbox':>10}"
+    head = (f"{'path':<22} {'call':<16} {'p50':>7} {'p95':>7} {'+p50 vs direct':>15} {'x direct':>9} "
+            f"{'x Toolbox':>10}")
     print(head)
     print("-" * len(head))
     for (path, label), samples in rows.items():
-        p50, p95 = statistics.median(samples), _pct(samples, 0.95)
-        direct = statistics.median(rows[("direct InProcessClient", label)])
-        tool = statistics.median(rows[("Toolbox.call", label)])
-        print(f"{path:<22} {label:<16} {p50:>7.3f} {p95:>7.3f} {p50 - direct:>+15.3f} {p50 / direct:>9.1f} "
-              f"{p50 / tool:>10.1f}")
-    print(f"\nSDK floor on this machine now: a trivial tool (add) over stdio p50 {statistics.median(floor):.3f} ms, "
-          f"p95 {_pct(floor, 0.95):.3f} ms")
+        mid, base = statistics.median(samples), p50("direct InProcessClient", label)
+        tool = p50("Toolbox.call", label)
+        print(f"{path:<22} {label:<16} {mid:>7.3f} {_pct(samples, 0.95):>7.3f} {mid - base:>+15.3f} "
+              f"{mid / base:>9.1f} {mid / tool:>10.1f}")
+    print(f"\nSDK floor on this machine now: a trivial tool (add) over stdio p50 "
+          f"{statistics.median(floor):.3f} ms, p95 {_pct(floor, 0.95):.3f} ms")
     for label in calls:
-        direct = statistics.median(rows[("direct InProcessClient", label)])
-        tool = statistics.median(rows[("Toolbox.call", label)])
-        stdio = statistics.median(rows[("MCP stdio (CLI)", label)])
-        http = statistics.median(rows[("MCP HTTP (CLI process)", label)])
-        print(f"{label}: Toolbox overhead {tool - direct:+.3f} ms p50 (target <= 1 ms: "
-              f"{'ok' if tool - direct <= 1 else 'MISSED'}); stdio over in-process {stdio - tool:+.3f} ms "
-              f"(target <= 5 ms: {'ok' if stdio - tool <= 5 else 'MISSED'}); HTTP over in-process "
-              f"{http - tool:+.3f} ms")
+        tool = p50("Toolbox.call", label)
+        extra = tool - p50("direct InProcessClient", label)
+        stdio = p50("MCP stdio (CLI)", label) - tool
+        print(f"{label}: Toolbox overhead {extra:+.3f} ms p50 (target <= 1 ms: "
+              f"{'ok' if extra <= 1 else 'MISSED'}); stdio over in-process {stdio:+.3f} ms (target <= 5 ms: "
+              f"{'ok' if stdio <= 5 else 'MISSED'}; "
+              f"text-only {p50('MCP stdio, text-only', label) - tool:+.3f}); "
+              f"HTTP (CLI process) over in-process {p50('MCP HTTP (CLI process)', label) - tool:+.3f} ms")
 
 
 if __name__ == "__main__":

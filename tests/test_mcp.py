@@ -40,9 +40,10 @@ def cli_http(small_world_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([*_cli(), "mcp", "fhir", "--transport", "http", "--port", str(port), "--read-only",
-                             "--world", str(small_world_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=dict(os.environ))
+    args = ["mcp", "fhir", "--transport", "http", "--port", str(port), "--read-only",
+            "--world", str(small_world_path)]
+    proc = subprocess.Popen([*_cli(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ))
     proc.port = port  # type: ignore[attr-defined]
     yield proc
     proc.terminate()
@@ -80,13 +81,16 @@ async def _exercise(client: Client, patient_id: str | None = None) -> dict:
                                                             "body": {"name": [{"family": "McpWrite"}]}})
         assert not created.is_error
         out["created"] = _json(created)["id"]
-        read = await client.call_tool("getResourceById", {"resourceType": "Patient", "resourceId": out["created"]})
+        read = await client.call_tool("getResourceById", {"resourceType": "Patient",
+                                                          "resourceId": out["created"]})
         assert _json(read)["name"][0]["family"] == "McpWrite"
-    missing = await client.call_tool("getResourceById", {"resourceType": "Patient", "resourceId": "no-such-id"})
+    missing = await client.call_tool("getResourceById", {"resourceType": "Patient",
+                                                         "resourceId": "no-such-id"})
     assert missing.is_error and _json(missing)["error"]["status"] == 404
     assert _json(missing)["error"]["issues"][0]["code"] == "not-found"
     if patient_id:
-        found = await client.call_tool("getResourceById", {"resourceType": "Patient", "resourceId": patient_id})
+        found = await client.call_tool("getResourceById", {"resourceType": "Patient",
+                                                           "resourceId": patient_id})
         assert not found.is_error and _json(found)["id"] == patient_id
     return out
 
@@ -121,11 +125,13 @@ def test_in_process_calls_write_the_bound_store_and_are_recorded(box):
 def test_errors_come_back_as_is_error_with_the_outcome(box):
     async def main() -> None:
         async with Client(build_server(box, "t")) as client:
-            bad = await client.call_tool("createResource", {"resourceType": "Patient", "body": {"gender": "x"}})
+            bad = await client.call_tool("createResource", {"resourceType": "Patient",
+                                                            "body": {"gender": "x"}})
             assert bad.is_error
             err = _json(bad)["error"]
             assert err["status"] in (400, 422) and err["issues"][0]["expression"] == ["Patient.gender"]
-            unknown = await client.call_tool("searchResources", {"resourceType": "Patient", "params": {"foo": "1"}})
+            unknown = await client.call_tool("searchResources", {"resourceType": "Patient",
+                                                                 "params": {"foo": "1"}})
             assert unknown.is_error and _json(unknown)["error"]["status"] == 400
             args = await client.call_tool("getResourceById", {"resourceType": "Patient"})
             assert args.is_error and "missing required argument" in _json(args)["error"]["message"]
@@ -154,7 +160,8 @@ def test_spec_tools_over_mcp():
     async def main() -> None:
         async with Client(build_server(specs, "specs")) as client:
             assert [t.name for t in (await client.list_tools()).tools] == [t.name for t in SPEC_TOOLS]
-            sd = await client.call_tool("getStructureDefinition", {"resourceType": "Patient", "path": "gender"})
+            sd = await client.call_tool("getStructureDefinition", {"resourceType": "Patient",
+                                                                   "path": "gender"})
             assert _json(sd)["elements"][0]["binding"]["codes"] == ["female", "male", "other", "unknown"]
             typo = await client.call_tool("getDataTypeDefinition", {"dataType": "Humanname"})
             assert typo.is_error and "HumanName" in _json(typo)["error"]["message"]
@@ -179,7 +186,7 @@ def test_serve_http_writes_the_bound_store(small_world_path, world_patient_id):
         out = anyio.run(main, handle.url)
     assert out["names"] == [t.name for t in FHIR_TOOLS]
     assert box.context.client.read("Patient", out["created"]).status == 200
-    assert [c.name for c in box.calls] == ["createResource", "getResourceById", "getResourceById", "getResourceById"]
+    assert [c.name for c in box.calls] == ["createResource", *["getResourceById"] * 3]
     store.close()
 
 

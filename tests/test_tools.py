@@ -78,10 +78,12 @@ def test_crud_round_trip_on_an_empty_store(box):
                                          "ifMatchVersion": 1})
     assert updated["status"] == 200 and updated["versionId"] == "2"
 
-    found = ok(box, "searchResources", {"resourceType": "Patient", "params": {"family": "diaz", "gender": "female"}})
+    found = ok(box, "searchResources", {"resourceType": "Patient",
+                                        "params": {"family": "diaz", "gender": "female"}})
     assert found["total"] == 1 and found["resources"][0]["id"] == pid and "omitted" not in found
 
-    assert ok(box, "deleteResource", {"resourceType": "Patient", "resourceId": pid})["deleted"] == f"Patient/{pid}"
+    deleted = ok(box, "deleteResource", {"resourceType": "Patient", "resourceId": pid})
+    assert deleted["deleted"] == f"Patient/{pid}"
     assert err(box, "getResourceById", {"resourceType": "Patient", "resourceId": pid})["status"] == 410
 
     assert [c.name for c in box.calls][:2] == ["listResourceTypes", "createResource"]
@@ -110,7 +112,8 @@ def test_conditional_create_and_search_on_the_world(world_box):
 
 
 def test_invalid_body_comes_back_with_status_and_issue_expressions(box):
-    e = err(box, "createResource", {"resourceType": "Patient", "body": {"gender": "x", "birthDate": "1990-13-01"}})
+    body = {"gender": "x", "birthDate": "1990-13-01"}
+    e = err(box, "createResource", {"resourceType": "Patient", "body": body})
     assert e["status"] in (400, 422)
     assert {tuple(i["expression"]) for i in e["issues"]} == {("Patient.gender",), ("Patient.birthDate",)}
     assert all(i["severity"] == "error" and i["diagnostics"] for i in e["issues"])
@@ -127,8 +130,10 @@ def test_bad_json_and_mismatched_bodies(box):
 def test_unknown_search_parameter_is_a_400(box):
     e = err(box, "searchResources", {"resourceType": "Patient", "params": {"nickname": "Al"}})
     assert e["status"] == 400 and "nickname" in e["message"] and e["issues"][0]["code"] == "not-supported"
-    assert err(box, "searchResources", {"resourceType": "Patient", "params": {"birthdate": "soon"}})["status"] == 400
-    assert "must be strings" in err(box, "searchResources", {"resourceType": "Patient", "params": {"a": {"b": 1}}})["message"]
+    bad_date = err(box, "searchResources", {"resourceType": "Patient", "params": {"birthdate": "soon"}})
+    assert bad_date["status"] == 400
+    nested = err(box, "searchResources", {"resourceType": "Patient", "params": {"a": {"b": 1}}})
+    assert "must be strings" in nested["message"]
 
 
 def test_unknown_id_and_type_are_404s(box):
@@ -148,7 +153,8 @@ def test_version_conflict_and_broken_reference(box):
 
 
 def test_argument_errors_never_raise(box):
-    assert "must be of type string" in err(box, "getResourceById", {"resourceType": 5, "resourceId": "x"})["message"]
+    wrong = err(box, "getResourceById", {"resourceType": 5, "resourceId": "x"})
+    assert "must be of type string" in wrong["message"]
     assert "missing required argument" in err(box, "getResourceById", {"resourceType": "Patient"})["message"]
     assert "unknown argument" in err(box, "getResourceById", {"resourceType": "Patient", "resourceId": "x",
                                                                "version": 2})["message"]
@@ -161,7 +167,8 @@ def test_argument_errors_never_raise(box):
 def test_unreachable_server_is_a_result():
     client = HttpClient("http://127.0.0.1:9/fhir", timeout=2)
     box = Toolbox(FHIR_TOOLS, ToolContext(client))
-    assert "unreachable" in err(box, "getResourceById", {"resourceType": "Patient", "resourceId": "x"})["message"]
+    down = err(box, "getResourceById", {"resourceType": "Patient", "resourceId": "x"})
+    assert "unreachable" in down["message"]
     assert "no FHIR server" in err(Toolbox(FHIR_TOOLS, ToolContext()), "listResourceTypes")["message"]
 
 
@@ -173,14 +180,16 @@ def test_large_search_is_cut_with_omitted_and_a_working_next_page(world_box):
     assert first["total"] > 1000
     assert first["omitted"] > 0 and len(first["resources"]) + first["omitted"] == first["returned"]
     assert "next_page_url" in first["note"] and _size(first) <= DEFAULT_BUDGET
-    second = ok(world_box, "searchResources", {"resourceType": "Observation", "page_url": first["next_page_url"]})
+    second = ok(world_box, "searchResources", {"resourceType": "Observation",
+                                               "page_url": first["next_page_url"]})
     assert second["resources"] and second["total"] == first["total"]
     assert not {o["id"] for o in first["resources"]} & {o["id"] for o in second["resources"]}
     assert second["next_page_url"] != first["next_page_url"]
 
 
 def test_all_pages_follows_next_links_up_to_the_limit(world_box):
-    out = ok(world_box, "searchResources", {"resourceType": "Patient", "params": {"_count": 2, "_elements": "id"},
+    out = ok(world_box, "searchResources", {"resourceType": "Patient",
+                                            "params": {"_count": 2, "_elements": "id"},
                                             "all_pages": True, "page_limit": 3})
     assert out["returned"] == 6 and len({p["id"] for p in out["resources"]}) == 6 and "next_page_url" in out
 
@@ -218,7 +227,8 @@ def test_patient_structure_definition(specs):
     assert gender["card"] == "0..1" and gender["type"] == "code"
     assert gender["binding"] == {"strength": "required", "valueSet": "AdministrativeGender",
                                  "codes": ["female", "male", "other", "unknown"]}
-    assert _element(out, "Patient.name")["type"] == "HumanName" and _element(out, "Patient.name")["card"] == "0..*"
+    name = _element(out, "Patient.name")
+    assert (name["type"], name["card"]) == ("HumanName", "0..*")
     assert _element(out, "Patient.deceased[x]")["type"] == "boolean | dateTime"
     gp = _element(out, "Patient.generalPractitioner")["type"]
     assert gp == "Reference(Organization | Practitioner | PractitionerRole)"
@@ -233,11 +243,13 @@ def test_appointment_structure_definition_and_path(specs):
     assert status["card"] == "1..1" and status.get("modifier") is True
     assert {"booked", "cancelled", "proposed"} <= set(status["binding"]["codes"])
     part = ok(specs, "getStructureDefinition", {"resourceType": "Appointment", "path": "participant"})
-    assert {e["path"] for e in part["elements"]} >= {"Appointment.participant", "Appointment.participant.actor"}
+    paths = {e["path"] for e in part["elements"]}
+    assert paths >= {"Appointment.participant", "Appointment.participant.actor"}
     assert all(e["path"].startswith("Appointment.participant") for e in part["elements"])
     assert "Patient" in _element(part, "Appointment.participant.actor")["type"]
     value = ok(specs, "getStructureDefinition", {"resourceType": "Observation", "path": "value"})
-    assert value["elements"][0]["path"] == "Observation.value[x]" and "Quantity" in value["elements"][0]["type"]
+    first = value["elements"][0]
+    assert first["path"] == "Observation.value[x]" and "Quantity" in first["type"]
 
 
 def test_human_name_and_primitive_data_types(specs):
@@ -262,13 +274,14 @@ def test_search_params(specs):
                     "description": "A portion of the family name of the patient"}]
     only_refs = ok(specs, "getSearchParams", {"resourceType": "Patient", "type": "reference"})["params"]
     assert {p["type"] for p in only_refs} == {"reference"}
-    comp = ok(specs, "getSearchParams", {"resourceType": "Observation", "code": "code-value-quantity"})["params"][0]
-    assert comp["components"] == ["code", "value-quantity"]
+    comp = ok(specs, "getSearchParams", {"resourceType": "Observation", "code": "code-value-quantity"})
+    assert comp["params"][0]["components"] == ["code", "value-quantity"]
 
 
 def test_unknown_names_suggest_close_matches(specs):
     assert "Patient" in err(specs, "getStructureDefinition", {"resourceType": "Patinet"})["message"]
-    assert "did you mean: Patient" in err(specs, "getStructureDefinition", {"resourceType": "patient"})["message"]
+    case = err(specs, "getStructureDefinition", {"resourceType": "patient"})
+    assert "did you mean: Patient" in case["message"]
     assert "HumanName" in err(specs, "getDataTypeDefinition", {"dataType": "Humanname"})["message"]
     assert "family" in err(specs, "getSearchParams", {"resourceType": "Patient", "code": "famly"})["message"]
     assert "Appointment" in err(specs, "getSearchParams", {"resourceType": "Apointment"})["message"]

@@ -163,7 +163,7 @@ def _world_options(fn=None, *, default_patients: int = 100):
         return lambda f: _world_options(f, default_patients=default_patients)
     fn = click.option("--world", "world_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
                       envvar="FHIRGYM_WORLD", help="World file (default: the seeded world of --patients).")(fn)
-    fn = click.option("--patients", default=100, show_default=True, help="Size of the default world.")(fn)
+    fn = click.option("--patients", default=default_patients, show_default=True, help="Size of the default world.")(fn)
     return click.option("--world-seed", default=42, show_default=True, help="Seed of the default world.")(fn)
 
 
@@ -366,9 +366,12 @@ def _mcp_options(fn):
     options = [
         click.option("--transport", type=click.Choice(["stdio", "http"]), default="stdio", show_default=True),
         click.option("--host", default="127.0.0.1", show_default=True, help="HTTP only."),
-        click.option("--port", default=8765, show_default=True, type=int, help="HTTP only; 0 picks a free port."),
+        click.option("--port", default=8765, show_default=True, type=int,
+                     help="HTTP only; 0 picks a free port."),
         click.option("--read-only", is_flag=True, help="Leave out the tools that write."),
         click.option("--budget", default=None, type=int, help="Characters per tool output (default 12000)."),
+        click.option("--text-only", is_flag=True,
+                     help="Results as JSON text only, without MCP's structured copy (less to send)."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -376,7 +379,7 @@ def _mcp_options(fn):
 
 
 def _mcp_serve(tools, client, name: str, transport: str, host: str, port: int, read_only: bool,
-               budget: int | None) -> None:
+               budget: int | None, text_only: bool) -> None:
     """stdio: nothing but protocol on stdout (logs go to stderr). http: the endpoint URL is the one line
     printed on stdout; serve until Ctrl-C or SIGTERM."""
     import logging
@@ -386,12 +389,13 @@ def _mcp_serve(tools, client, name: str, transport: str, host: str, port: int, r
     from .mcp import build_server, serve_http
     from .tools import DEFAULT_BUDGET, Toolbox, ToolContext
 
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
     toolbox = Toolbox(tools, ToolContext(client, budget or DEFAULT_BUDGET))
     if transport == "stdio":
-        build_server(toolbox, name, read_only=read_only).run("stdio")
+        build_server(toolbox, name, read_only=read_only, structured=not text_only).run("stdio")
         return
-    handle = serve_http(toolbox, host, port, name=name, read_only=read_only)
+    handle = serve_http(toolbox, host, port, name=name, read_only=read_only, structured=not text_only)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     click.echo(handle.url)
@@ -412,9 +416,9 @@ def _mcp_serve(tools, client, name: str, transport: str, host: str, port: int, r
 @click.option("--seed", default=0, show_default=True, help="Seed of the --task instance.")
 @click.option("--url", default=None, help="Bind the tools to this external FHIR server instead (base URL).")
 @click.option("--specs", "with_specs", is_flag=True, help="Also serve the FHIR R4 spec tools.")
-def mcp_fhir(transport: str, host: str, port: int, read_only: bool, budget: int | None, world_path: Path | None,
-             patients: int, world_seed: int, task_id: str | None, seed: int, url: str | None,
-             with_specs: bool) -> None:
+def mcp_fhir(transport: str, host: str, port: int, read_only: bool, budget: int | None, text_only: bool,
+             world_path: Path | None, patients: int, world_seed: int, task_id: str | None, seed: int,
+             url: str | None, with_specs: bool) -> None:
     """The six FHIR CRUD tools on an isolated copy of a world (or of a task instance's pre-run state):
     writes stay in that copy and vanish at exit. With --url, on an external FHIR server instead."""
     import contextlib
@@ -440,16 +444,17 @@ def mcp_fhir(transport: str, host: str, port: int, read_only: bool, budget: int 
 
                 client = InProcessClient(FhirServer(world.snapshot.open(), world.spec), world.snapshot)
     tools = FHIR_TOOLS + SPEC_TOOLS if with_specs else FHIR_TOOLS
-    _mcp_serve(tools, client, "fhirgym-fhir", transport, host, port, read_only, budget)
+    _mcp_serve(tools, client, "fhirgym-fhir", transport, host, port, read_only, budget, text_only)
 
 
 @mcp_group.command("specs")
 @_mcp_options
-def mcp_specs(transport: str, host: str, port: int, read_only: bool, budget: int | None) -> None:
+def mcp_specs(transport: str, host: str, port: int, read_only: bool, budget: int | None,
+              text_only: bool) -> None:
     """The FHIR R4 specification tools (official definitions; no FHIR server needed)."""
     from .tools import SPEC_TOOLS
 
-    _mcp_serve(SPEC_TOOLS, None, "fhirgym-specs", transport, host, port, read_only, budget)
+    _mcp_serve(SPEC_TOOLS, None, "fhirgym-specs", transport, host, port, read_only, budget, text_only)
 
 
 if __name__ == "__main__":

@@ -6,10 +6,15 @@ One ``Llama`` per model file per process, shared by every backend object and gua
 weights are loaded once, and consecutive calls reuse the KV cache of their common token prefix
 (llama-cpp-python does this itself as long as nothing resets the context between calls), so a growing
 agent conversation only prefills its new tail.
+
+Calls that use every core also take a machine-wide file lock: llama.cpp's worker threads spin at barriers,
+so two such processes on the same cores slow each other down ~20x (measured: 0.7 tok/s instead of ~30
+while a second process decoded). Taking turns costs each caller only its wait.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -21,7 +26,7 @@ from typing import Any
 
 from ._backend import LOCAL_MODELS, BackendError, ChatResult, ContextLengthExceeded, local_model_label
 from ._toolcalls import parse_tool_calls
-from ._weights import ModelUnavailable, model_path
+from ._weights import ModelUnavailable, file_lock, model_path, models_dir
 
 
 @dataclass
@@ -34,6 +39,16 @@ _instances: dict[tuple[str, int, int], _Shared] = {}
 _instances_lock = threading.Lock()
 
 
+@atexit.register
+def _close_all() -> None:
+    """Free the models before interpreter teardown (llama.cpp's finalizers fail once modules are gone)."""
+    with _instances_lock:
+        for shared in _instances.values():
+            with contextlib.suppress(Exception):
+                shared.llama.close()
+        _instances.clear()
+
+
 @dataclass
 class CallStats:
     """Measurements of the last call, for benchmarks and the prefix-reuse check."""
@@ -41,14 +56,16 @@ class CallStats:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     reused_tokens: int = 0  # prompt tokens whose KV came from the previous call
-    seconds: float = 0.0
+    seconds: float = 0.0  # inference only
+    waited: float = 0.0  # for the machine-wide lock (other processes' inference)
 
 
 class LocalBackend:
     """A llama.cpp model: ``qwen2.5-coder-1.5b``/``qwen2.5-coder-0.5b`` (fetched on first use) or a GGUF path.
 
     Loading happens on the first :meth:`chat` (or an explicit :meth:`load`), so building the backend is cheap;
-    a missing file or runtime then raises :class:`BackendError`.
+    a missing file or runtime then raises :class:`BackendError`. ``exclusive`` (default: when ``n_threads``
+    covers all cores) serializes inference across processes through a lock file in the model cache.
     """
 
     def __init__(
@@ -57,6 +74,7 @@ class LocalBackend:
         n_ctx: int = 8192,
         n_threads: int | None = None,
         seed: int = 0,
+        exclusive: bool | None = None,
         **llama_options: Any,
     ) -> None:
         self.source = str(path_or_name)
@@ -64,6 +82,7 @@ class LocalBackend:
         self.n_ctx = n_ctx
         self.n_threads = n_threads or os.cpu_count() or 1
         self.seed = seed
+        self.exclusive = self.n_threads >= (os.cpu_count() or 1) if exclusive is None else exclusive
         self.llama_options = llama_options
         self.last_stats = CallStats()
         self._shared: _Shared | None = None
@@ -124,7 +143,9 @@ class LocalBackend:
         llama = self.load()
         assert self._shared is not None
         converted = [_to_template_message(m) for m in messages]
-        with self._shared.lock:  # a Llama object is not thread-safe, and its KV cache is one conversation
+        waiting = time.perf_counter()
+        # a Llama is not thread-safe, and its KV cache holds one conversation at a time
+        with self._shared.lock, self._machine_lock():
             before = _cached_tokens(llama)
             started = time.perf_counter()
             try:
@@ -140,6 +161,8 @@ class LocalBackend:
                 if "exceed context window" in str(exc):
                     raise ContextLengthExceeded(f"{self.name}: {exc} (n_ctx={self.n_ctx})") from exc
                 raise
+            except RuntimeError as exc:  # llama_decode failures: the runtime, not the agent, broke
+                raise BackendError(f"{self.name}: llama.cpp failed: {exc}") from exc
             seconds = time.perf_counter() - started
             usage = completion.get("usage") or {}
             prompt_tokens = int(usage.get("prompt_tokens", 0))
@@ -154,7 +177,7 @@ class LocalBackend:
             if calls and finish == "stop":
                 finish = "tool_calls"
         completion_tokens = int(usage.get("completion_tokens", 0))
-        self.last_stats = CallStats(prompt_tokens, completion_tokens, reused, seconds)
+        self.last_stats = CallStats(prompt_tokens, completion_tokens, reused, seconds, started - waiting)
         return ChatResult(
             text=text,
             tool_calls=calls,
@@ -162,6 +185,9 @@ class LocalBackend:
             completion_tokens=completion_tokens,
             finish_reason=finish,
         )
+
+    def _machine_lock(self) -> contextlib.AbstractContextManager[None]:
+        return file_lock(models_dir() / "inference.lock") if self.exclusive else contextlib.nullcontext()
 
 
 def _to_template_message(message: dict) -> dict:

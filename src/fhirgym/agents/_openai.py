@@ -170,8 +170,10 @@ def _to_openai_message(message: dict) -> dict:
         out["tool_calls"] = calls
     elif "tool_calls" in out:
         del out["tool_calls"]
-    if out.get("role") == "tool" and not isinstance(out.get("content"), str):
-        out["content"] = json.dumps(out.get("content"), ensure_ascii=False)
+    if out.get("role") == "tool":
+        out.pop("name", None)  # not part of the tool message schema
+        if not isinstance(out.get("content"), str):
+            out["content"] = json.dumps(out.get("content"), ensure_ascii=False)
     return out
 
 

@@ -1,6 +1,6 @@
 """The ReAct tool-calling agent: a chat model, the episode's tools, at most ``max_iterations`` turns.
 
-System prompt + clock block (the task's frozen now) + task prompt; each turn the model either calls
+System prompt, then the clock block (the task's frozen now) and the task prompt as the user turn; each turn the model either calls
 tools (every call runs through the episode's toolbox and its JSON result goes back as a ``tool``
 message) or replies without a call, which ends the episode. When the context fills up, the oldest tool
 results are elided (with a note saying so) rather than failing the episode outright.
@@ -21,6 +21,9 @@ SYSTEM_PROMPT = """You are a careful health-IT assistant working on an HL7 FHIR 
 - Search with FHIR search parameters (e.g. Patient by family/given/birthdate; Slot by schedule/status/start).
 - Change only what the request asks for. To update a resource, read it, change what is needed and send
   the whole resource back.
+- To call a tool, reply with the call only, e.g.
+  <tool_call>{"name": "searchResources", "arguments": {"resourceType": "Patient", "params": {"family": "Diaz", "birthdate": "1961-03-04"}}}</tool_call>
+  The result comes back in the next message. Do not repeat the tool definitions.
 - When you are done, reply without calling a tool, in the answer format the request asks for."""
 
 _GAVE_UP = re.compile(r"\b(i can(?:no|')t|i am unable|i'm unable|unable to (?:find|complete|help)|i'm sorry)\b", re.I)
@@ -41,10 +44,13 @@ class ReactAgent:
         self.seed = seed
 
     def run(self, task: AgentTask) -> AgentResult:
-        system = self.system_prompt + "\n\n" + clock_block(task.now)
+        system = self.system_prompt
         if task.extra.get("system_suffix"):
             system += "\n\n" + task.extra["system_suffix"]
-        messages: list[dict] = [{"role": "system", "content": system}, {"role": "user", "content": task.prompt}]
+        # The clock opens the user turn, not the system prompt: system prompt + tool schemas then form the
+        # same prefix in every episode, which a local model reuses from its KV cache (no prefill).
+        user = clock_block(task.now) + "\n\n" + task.prompt
+        messages: list[dict] = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         result = AgentResult(None, "max_iterations", messages=messages)
         schemas = task.tools.schemas()
         limit = min(task.max_iterations, self.max_iterations)
@@ -53,7 +59,8 @@ class ReactAgent:
             reply = self._chat(messages, schemas, result)
             if reply is None:
                 return result
-            call_msgs = [{"id": c.id or f"call_{result.iterations}_{i}", "type": "function",
+            call_msgs = [{"id": f"call_{result.iterations}_{i}" if not c.id or c.id.startswith("call_") else c.id,
+                          "type": "function",
                           "function": {"name": c.name, "arguments": orjson.dumps(c.arguments).decode()}}
                          for i, c in enumerate(reply.tool_calls)]
             assistant: dict = {"role": "assistant", "content": reply.text or ""}

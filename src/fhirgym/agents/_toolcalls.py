@@ -90,8 +90,20 @@ def _from_bare(text: str, tool_names: set[str] | None) -> Found:
             continue
         calls = _calls_in_value(value, tool_names, strict=True)
         if calls:
+            start, end = _unwrap_braces(text, start, end)
             found.append(((start, end), calls))
         i = end
+
+
+def _unwrap_braces(text: str, start: int, end: int) -> tuple[int, int]:
+    """Widen a call's span over stray braces around it: Qwen sometimes writes ``{{"name": ...}}``."""
+    while True:
+        left = len(text[:start].rstrip())
+        right = len(text) - len(text[end:].lstrip())
+        if left > 0 and right < len(text) and text[left - 1] == "{" and text[right] == "}":
+            start, end = left - 1, right + 1
+        else:
+            return start, end
 
 
 def _calls_in_json(body: str, tool_names: set[str] | None, strict: bool) -> list[tuple[str, dict[str, Any]]]:
@@ -150,6 +162,8 @@ def _call(obj: Any, tool_names: set[str] | None, strict: bool) -> tuple[str, dic
             return None
     if not isinstance(args, dict):
         return None
+    if key == "parameters" and args.get("type") == "object" and isinstance(args.get("properties"), dict):
+        return None  # an echo of a tool's JSON-schema definition (small models copy the tool list), not a call
     return name.strip(), args
 
 

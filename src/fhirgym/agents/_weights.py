@@ -101,7 +101,7 @@ def model_path(name: str) -> Path:
     target = models_dir() / f"{name}.gguf"
     if _size_ok(target, spec):
         return target
-    with _process_lock, _file_lock(target.with_suffix(".lock")):
+    with _process_lock, file_lock(target.with_suffix(".lock")):
         if _size_ok(target, spec):  # another process finished while we waited
             return target
         _assemble(spec, target)
@@ -134,7 +134,7 @@ def _check_file(path: Path, spec: WeightSpec, remedy: str) -> None:
 
 
 @contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
     """Exclusive lock across processes, so two runners never assemble the same model at once."""
     with path.open("a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)

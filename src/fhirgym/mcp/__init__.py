@@ -11,4 +11,5 @@
 
 from ._server import HttpServerHandle, ToolboxServer, build_server, serve_http, tool_result, visible_toolbox
 
-__all__ = ["HttpServerHandle", "ToolboxServer", "build_server", "serve_http", "tool_result", "visible_toolbox"]
+__all__ = ["HttpServerHandle", "ToolboxServer", "build_server", "serve_http", "tool_result",
+           "visible_toolbox"]

@@ -79,9 +79,10 @@ def tool_result(call: Any, structured: bool = True) -> CallToolResult:
     content (when it is an object, as MCP requires) and ``isError`` when the call failed."""
     text = orjson.dumps(call.output, default=str).decode()
     content = [TextContent(type="text", text=text)]
+    failed = call.error is not None
     if structured and isinstance(call.output, dict):
-        return CallToolResult(content=content, structured_content=call.output, is_error=call.error is not None)
-    return CallToolResult(content=content, is_error=call.error is not None)
+        return CallToolResult(content=content, structured_content=call.output, is_error=failed)
+    return CallToolResult(content=content, is_error=failed)
 
 
 def build_server(toolbox: Toolbox, name: str = "fhirgym", *, read_only: bool = False,
@@ -97,7 +98,8 @@ def build_server(toolbox: Toolbox, name: str = "fhirgym", *, read_only: bool = F
 class HttpServerHandle:
     """A streamable-HTTP MCP server running in a background thread; ``url`` ends in ``/mcp``."""
 
-    def __init__(self, server: ToolboxServer, uvicorn_server: Any, thread: threading.Thread, url: str) -> None:
+    def __init__(self, server: ToolboxServer, uvicorn_server: Any, thread: threading.Thread,
+                 url: str) -> None:
         self.server = server
         self.url = url
         self._uvicorn = uvicorn_server
@@ -140,7 +142,8 @@ def serve_http(toolbox: Toolbox, host: str = "127.0.0.1", port: int = 0, *, name
     app = server.streamable_http_app(host=host, json_response=json_response)
     # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted sockets only then; without it Nagle plus
     # delayed ACKs add ~40 ms to every response
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     bound_port = sock.getsockname()[1]

@@ -25,7 +25,6 @@ from ..tools import FHIR_TOOLS, Tool
 from ._episode import EpisodeKey, run_episode
 from ._results import RESULTS, append_result, read_results, write_atomic
 
-
 CONFIGS = ("baseline", "specs")
 
 

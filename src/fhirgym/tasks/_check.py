@@ -18,6 +18,8 @@ from ._family import Family, Instance, TaskWorld, make_instance
 from ._mutate import MUTATIONS, run_mutation
 
 MIN_MUTATIONS = 3
+#: The near-misses issue 4 names: a wrong target entity, a missing or wrong field, an extra unrelated write.
+REQUIRED_MUTATIONS = (("wrong_target",), ("drop_field", "wrong_value"), ("extra_write",))
 
 
 @dataclass
@@ -61,15 +63,20 @@ def check_instance(inst: Instance, mutations: bool = True) -> CheckRow:
     if null.light_success:
         row.problems.append("null agent passes light")
     if mutations and fam.writes:
+        applied = set()
         for name in MUTATIONS:
             out = run_mutation(inst, name)
             if not out.applied:
                 continue
+            applied.add(name)
             row.mutations_applied += 1
             if out.rejected:
                 row.mutations_rejected += 1
             else:
                 row.problems.append(f"mutation {name} passes strict validation")
+        for kinds in REQUIRED_MUTATIONS:
+            if not applied & set(kinds):
+                row.problems.append(f"no {' or '.join(kinds)} mutation applies")
         if row.mutations_applied < MIN_MUTATIONS:
             row.problems.append(f"only {row.mutations_applied} mutations apply (need {MIN_MUTATIONS})")
     row.ms = (time.perf_counter() - t0) * 1000

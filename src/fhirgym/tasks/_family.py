@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import orjson
 
 from ..fhir import FhirServer, InProcessClient, ServerConfig, Snapshot, Store
-from ..tools import FHIR_TOOLS, ToolCall, Toolbox, ToolContext
+from ..tools import FHIR_TOOLS, Toolbox, ToolCall, ToolContext
 from ._answer import AnswerSpec, answer_text, render
 from ._diff import Change, Mark, diff, mark
 from ._expect import Expect, match

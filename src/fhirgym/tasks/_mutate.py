@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..tools import ToolCall, Toolbox
+from ..tools import Toolbox, ToolCall
 from ._family import Instance, Verdict
 
 WRITES = ("createResource", "updateResource")
@@ -22,7 +22,8 @@ _REF = re.compile(r"^([A-Z][A-Za-z]+)/([A-Za-z0-9\-.]{1,64})$")
 
 class _Mutating(Toolbox):
     """A toolbox whose first write call from the ``target``-th on that ``edit`` applies to is rewritten
-    (``edit`` returns the new arguments, None to skip the call, or NA to leave it alone)."""
+    (``edit`` returns the new arguments or a (tool, arguments) pair, None to skip the call, or NA to leave
+    it alone)."""
 
     def __init__(self, inner: Toolbox, edit: Callable[[Toolbox, str, dict], dict | None], target: int = 0) -> None:
         super().__init__(inner.tools.values(), inner.context)
@@ -41,7 +42,7 @@ class _Mutating(Toolbox):
                     self.applied = True
                     if new is None:
                         return ToolCall(name, arguments or {}, {"skipped": True}, None, None, 0.0)
-                    arguments = new
+                    name, arguments = new if isinstance(new, tuple) else (name, new)
         return super().call(name, arguments)
 
 
@@ -61,12 +62,12 @@ def _retarget(box: Toolbox, name: str, args: dict) -> dict | None:
             if other:
                 _set(body, path, f"Patient/{other}")
                 return args
-    if name == "updateResource":
-        other = _other_id(box, args["resourceType"], args["resourceId"])
-        if other:
-            current = box.context.client.read(args["resourceType"], other).body or {}
-            new_body = {**current, **{k: v for k, v in body.items() if k not in ("id", "meta")}, "id": other}
-            return {**args, "resourceId": other, "body": new_body}
+    target = args.get("resourceId", "") if name == "updateResource" else ""
+    other = _other_id(box, args["resourceType"], target)
+    if other:  # an update of another resource; for a create: overwriting an existing record instead
+        current = box.context.client.read(args["resourceType"], other).body or {}
+        new_body = {**current, **{k: v for k, v in body.items() if k not in ("id", "meta")}, "id": other}
+        return "updateResource", {"resourceType": args["resourceType"], "resourceId": other, "body": new_body}
     return NA
 
 

@@ -221,7 +221,7 @@ CREATE_RESOURCE = Tool(
     "Create a FHIR resource. body is the resource as a JSON object; ifNoneExist is an optional search "
     "query (e.g. 'identifier=http://x|123') that makes the create conditional.",
     {"type": "object", "properties": {
-        "resourceType": _TYPE, "body": {"type": "object", "description": "the resource"},
+        "resourceType": _TYPE, "body": {"type": ["object", "string"], "description": "the resource (JSON)"},
         "ifNoneExist": {"type": "string", "description": "conditional-create search query"}},
      "required": ["resourceType", "body"]}, create_resource, writes=True)
 
@@ -230,7 +230,7 @@ UPDATE_RESOURCE = Tool(
     "Replace a FHIR resource with body (the complete new version, not a patch: read it first and change "
     "what you need). ifMatchVersion makes the update fail if someone changed it meanwhile.",
     {"type": "object", "properties": {
-        "resourceType": _TYPE, "resourceId": _ID, "body": {"type": "object", "description": "the full resource"},
+        "resourceType": _TYPE, "resourceId": _ID, "body": {"type": ["object", "string"], "description": "the full resource (JSON)"},
         "ifMatchVersion": {"type": ["string", "integer"], "description": "expected current versionId"}},
      "required": ["resourceType", "resourceId", "body"]}, update_resource, writes=True)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -28,8 +29,6 @@ _MAX_CODES = 12
 _DESC_CHARS = 90
 _DIGEST_VERSION = 1
 _SD_PREFIX = "http://hl7.org/fhir/StructureDefinition/"
-_SYSTEM_PREFIX = "http://hl7.org/fhirpath/System."
-_FHIR_TYPE_EXT = "http://hl7.org/fhir/StructureDefinition/structuredefinition-fhir-type"
 #: Allowed on every element; listing them for each one would crowd out what is specific.
 _BOILERPLATE = ("extension", "modifierExtension")
 
@@ -55,10 +54,6 @@ RESULT_PARAMETERS = ("_count, _sort (-desc), _include (Type:param), _revinclude,
 # ------------------------------------------------------------------------------------------------
 # Shared helpers
 # ------------------------------------------------------------------------------------------------
-
-
-def _spec(ctx: ToolContext) -> Spec:
-    return load_spec()  # one per process (cached); ctx is for symmetry with the FHIR tools
 
 
 def _size(obj: Any) -> int:
@@ -132,7 +127,7 @@ def _resource_digest(package_dir: str) -> dict[str, str]:
     digest = {rt: _cut(_first_sentence(_type_description(spec.structure_definition(rt))), _DESC_CHARS)
               for rt in spec.resource_types}
     try:
-        tmp = path.with_suffix(".part")
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.part")  # concurrent builders never share a file
         tmp.write_bytes(orjson.dumps(digest))
         tmp.replace(path)
     except OSError:  # a read-only cache only costs the next process the 0.5 s again
@@ -141,7 +136,7 @@ def _resource_digest(package_dir: str) -> dict[str, str]:
 
 
 def list_resources(ctx: ToolContext, args: dict) -> dict:
-    spec = _spec(ctx)
+    spec = load_spec()
     digest = _resource_digest(spec.package_dir)
     query = (args.get("query") or "").strip().lower()
     names = [rt for rt in spec.resource_types
@@ -168,7 +163,7 @@ def list_resources(ctx: ToolContext, args: dict) -> dict:
 def _types(raw: dict, normalised: tuple[str, ...]) -> str:
     """FHIR notation: ``Reference(Patient | Group)``, ``boolean | dateTime``, ``canonical(ValueSet)``."""
     out = []
-    for t, code in zip(raw.get("type", []), normalised):
+    for t, code in zip(raw.get("type", []), normalised, strict=True):
         targets = [p[len(_SD_PREFIX):] for p in t.get("targetProfile", []) if p.startswith(_SD_PREFIX)]
         out.append(f"{code}({' | '.join(targets)})" if targets else code)
     return " | ".join(out)
@@ -247,7 +242,7 @@ def _resolve_type(spec: Spec, name: str, resources: bool) -> str:
 
 
 def _describe(ctx: ToolContext, args: dict, name: str, key: str, resources: bool) -> dict:
-    spec = _spec(ctx)
+    spec = load_spec()
     tname = _resolve_type(spec, name, resources)
     info, elements = _definition(tname)
     items = list(elements)
@@ -345,7 +340,7 @@ def _param(spec: Spec, p: Any, rtype: str) -> dict:
 
 
 def get_search_params(ctx: ToolContext, args: dict) -> dict:
-    spec = _spec(ctx)
+    spec = load_spec()
     rtype = args["resourceType"]
     if not spec.is_resource_type(rtype):
         raise _suggest(rtype, spec.resource_types, "resource type", "listResources gives the resource types")
@@ -381,7 +376,8 @@ def get_search_params(ctx: ToolContext, args: dict) -> dict:
     elif common:
         out["note"] = "'common' parameters apply to every resource type; pass code for one's definition"
     if not items and not common:
-        out["note"] = f"no {ptype} search parameter on {rtype}" if ptype else f"{rtype} has no search parameters"
+        out["note"] = (f"no {ptype} search parameter on {rtype}" if ptype
+                       else f"{rtype} has no search parameters")
     return out
 
 
