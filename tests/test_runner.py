@@ -150,3 +150,16 @@ def test_an_external_agent_program_works_through_its_episode_mcp_endpoint(world,
     assert [r["status"] for r in lines] == ["pass", "pass"], [r["reasons"] or r["error"] for r in lines]
     assert all([c["name"] for c in r["tool_calls"]] == ["searchResources"] for r in lines)
     assert all(r["sandbox_s"] <= r["duration_s"] for r in lines)
+
+
+def test_report_of_real_runs_compares_agents(world, tmp_path):
+    from fhirgym.analysis import compute_metrics, load_results
+
+    for agent in ("reference", "null"):
+        run_eval(EvalSpec(out=tmp_path / agent, agent=agent, tasks="records.*", seeds=[0]), world)
+    results = load_results([tmp_path / "reference", tmp_path / "null"])
+    assert {r["config"] for r in results} == {"reference · baseline", "null · baseline"}
+    assert {r["_config"] for r in results} == {"baseline"}
+    metrics = compute_metrics(results, n_boot=200)
+    text = orjson.dumps(metrics).decode()
+    assert "reference · baseline" in text and "null · baseline" in text

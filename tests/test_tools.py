@@ -153,8 +153,11 @@ def test_version_conflict_and_broken_reference(box):
 
 
 def test_argument_errors_never_raise(box):
-    wrong = err(box, "getResourceById", {"resourceType": 5, "resourceId": "x"})
+    wrong = err(box, "getResourceById", {"resourceType": ["Patient"], "resourceId": "x"})
     assert "must be of type string" in wrong["message"]
+    coerced = box.call("getResourceById", {"resourceType": "Patient", "resourceId": 404404})  # exact: 5 → "5"
+    assert coerced.arguments["resourceId"] == "404404" and coerced.output["error"]["status"] == 404
+    box.calls.remove(coerced)
     assert "missing required argument" in err(box, "getResourceById", {"resourceType": "Patient"})["message"]
     assert "unknown argument" in err(box, "getResourceById", {"resourceType": "Patient", "resourceId": "x",
                                                                "version": 2})["message"]

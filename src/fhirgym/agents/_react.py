@@ -21,13 +21,13 @@ SYSTEM_PROMPT = """You are a careful health-IT assistant working on an HL7 FHIR 
 - Search with FHIR search parameters (e.g. Patient by family/given/birthdate; Slot by schedule/status/start).
 - Change only what the request asks for. To update a resource, read it, change what is needed and send
   the whole resource back.
-- To call a tool, reply with the call only, e.g.
-  <tool_call>{"name": "searchResources", "arguments": {"resourceType": "Patient", "params": {"family": "Diaz", "birthdate": "1961-03-04"}}}</tool_call>
-  The result comes back in the next message. Do not repeat the tool definitions.
 - When you are done, reply without calling a tool, in the answer format the request asks for."""
 
 _GAVE_UP = re.compile(r"\b(i can(?:no|')t|i am unable|i'm unable|unable to (?:find|complete|help)|i'm sorry)\b", re.I)
 ELIDED = "[earlier tool output elided to fit the context window]"
+#: Closes the first user turn. Small local models otherwise jump straight to the answer format the task
+#: prompt ends with, without looking anything up (measured on Qwen2.5-Coder-1.5B).
+NUDGE = "Start by calling a tool to look up what you need."
 
 
 class ReactAgent:
@@ -49,7 +49,7 @@ class ReactAgent:
             system += "\n\n" + task.extra["system_suffix"]
         # The clock opens the user turn, not the system prompt: system prompt + tool schemas then form the
         # same prefix in every episode, which a local model reuses from its KV cache (no prefill).
-        user = clock_block(task.now) + "\n\n" + task.prompt
+        user = clock_block(task.now) + "\n\n" + task.prompt + "\n\n" + NUDGE
         messages: list[dict] = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         result = AgentResult(None, "max_iterations", messages=messages)
         schemas = task.tools.schemas()

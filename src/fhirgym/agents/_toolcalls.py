@@ -9,6 +9,7 @@ stays in the text, where the agent (and the transcript) can see it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from typing import Any
@@ -26,13 +27,15 @@ def parse_tool_calls(text: str, tool_names: set[str] | None = None) -> tuple[lis
 
     Forms, first that yields a call wins: ``<tool_call>`` tags, else fenced code blocks, else bare
     top-level JSON objects (or arrays of them). Shapes: ``{"name", "arguments"}``, ``{"name",
-    "parameters"}``, ``{"function": {...}}``; string arguments are JSON-decoded. Names not in
+    "parameters"}``, ``{"function": {...}}``; string arguments are JSON-decoded. Last resort, the XML
+    form small models sometimes copy from their template (``<function><name>N</name><arguments><k>v</k>
+    </arguments></function>``), for known tool names only. Names not in
     ``tool_names`` are still returned (the agent tells the model), but outside tags a call must carry its
     arguments key unless its name is a known tool, so ordinary JSON with a ``name`` field is not a call.
     """
     if not text:
         return [], text or ""
-    for finder in (_from_tags, _from_fences, _from_bare):
+    for finder in (_from_tags, _from_fences, _from_bare, _from_xml):
         found = finder(text, tool_names)
         if found:
             calls = [
@@ -93,6 +96,35 @@ def _from_bare(text: str, tool_names: set[str] | None) -> Found:
             start, end = _unwrap_braces(text, start, end)
             found.append(((start, end), calls))
         i = end
+
+
+_XML_CALL = re.compile(r"<function>\s*<name>\s*([A-Za-z_][\w]*)\s*</name>\s*<(arguments|parameters)>(.*?)</\2>"
+                       r"\s*</function>", re.DOTALL)
+_XML_ARG = re.compile(r"<([A-Za-z_][\w]*)>(.*?)</\1>", re.DOTALL)
+
+
+def _xml_value(raw: str) -> Any:
+    inner = _XML_ARG.findall(raw)
+    if inner:
+        return {k: _xml_value(v) for k, v in inner}
+    text = raw.strip()
+    if text[:1] in "{[" or text in ("true", "false", "null"):
+        with contextlib.suppress(json.JSONDecodeError):
+            return json.loads(text)
+    return text  # scalars stay text: the toolbox converts to the schema's type where that is exact
+
+
+def _from_xml(text: str, tool_names: set[str] | None) -> Found:
+    found: Found = []
+    for match in _XML_CALL.finditer(text):
+        name = match.group(1)
+        if not tool_names or name not in tool_names:
+            continue
+        if match.group(2) == "parameters" and "<type>" in match.group(3):
+            continue  # an echoed schema, not a call
+        args = _xml_value(match.group(3))
+        found.append(((match.start(), match.end()), [(name, args if isinstance(args, dict) else {})]))
+    return found
 
 
 def _unwrap_braces(text: str, start: int, end: int) -> tuple[int, int]:

@@ -45,7 +45,21 @@ def load_results(dirs: list[Path] | list[str] | Path | str) -> list[dict[str, An
                     continue
                 rec[SOURCE_KEY] = str(base)
                 out.append(rec)
+    _label_configs(out)
     return out
+
+
+def _label_configs(results: list[dict[str, Any]]) -> None:
+    """When the directories hold different agents or models, every comparison in the report is between
+    (agent, model, config) combinations: fold agent and model into the config label (the original
+    stays in ``_config``), e.g. ``react · qwen2.5-coder-1.5b · baseline`` next to ``reference · baseline``."""
+    pairs = {(r.get("agent"), r.get("model")) for r in results}
+    if len(pairs) <= 1:
+        return
+    for r in results:
+        model = str(r["model"]).split("/")[-1] if r.get("model") else None
+        r["_config"] = r.get("config")
+        r["config"] = " · ".join(str(x) for x in (r.get("agent"), model, r.get("config")) if x)
 
 
 def load_transcript(result: dict[str, Any]) -> dict[str, Any] | None:

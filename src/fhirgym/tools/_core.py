@@ -105,15 +105,29 @@ def _check_arguments(tool: Tool, args: dict) -> None:
     if unknown:
         raise ToolError(f"unknown argument(s): {', '.join(unknown)}; expected: {', '.join(props)}")
     kinds = {"string": str, "object": dict, "array": list, "boolean": bool, "integer": int, "number": (int, float)}
-    for key, value in args.items():
+    for key, value in list(args.items()):
         want = props[key].get("type")
         types = want if isinstance(want, list) else [want]
         if value is None or want is None:
             continue
+        value = args[key] = _coerce(value, types)
         ok = any(isinstance(value, kinds[t]) and not (t in ("integer", "number") and isinstance(value, bool))
                  for t in types if t in kinds)
         if not ok:
             raise ToolError(f"argument {key!r} must be of type {want}, got {type(value).__name__}")
+
+
+def _coerce(value: Any, types: list[str]) -> Any:
+    """Exact, lossless conversions models get wrong all the time: 5 ↔ "5", "true" → True."""
+    if "string" in types and isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, str):
+        text = value.strip()
+        if "integer" in types and text.lstrip("-").isdigit():
+            return int(text)
+        if "boolean" in types and text.lower() in ("true", "false"):
+            return text.lower() == "true"
+    return value
 
 
 class Toolbox:
