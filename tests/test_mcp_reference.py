@@ -12,7 +12,7 @@ from mcp import Client
 
 from fhirgym.mcp import serve_http
 from fhirgym.tasks import TaskWorld, make_instance, select
-from fhirgym.tools import ToolCall, Toolbox
+from fhirgym.tools import Toolbox, ToolCall
 
 
 class McpToolbox(Toolbox):
