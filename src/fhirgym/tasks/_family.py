@@ -24,6 +24,8 @@ import orjson
 
 from ..fhir import FhirServer, InProcessClient, ServerConfig, Snapshot, Store
 from ..tools import FHIR_TOOLS, Toolbox, ToolCall, ToolContext
+from ..world import DEFAULT_ANCHOR
+from ..world._build import META_KEY
 from ._answer import AnswerSpec, answer_text, render
 from ._diff import Change, Mark, diff, mark
 from ._expect import Expect, match
@@ -32,7 +34,6 @@ CATEGORIES = ("records", "billing", "scheduling", "orders", "clinical")
 CATEGORY_TITLES = {"records": "Patient records", "billing": "Insurance & billing",
                    "scheduling": "Scheduling & appointments", "orders": "Surgery & genetic test orders",
                    "clinical": "Clinical orders"}
-WORLD_META_KEY = "fhirgym.world"
 
 
 class TaskInfeasible(RuntimeError):
@@ -110,11 +111,11 @@ class TaskWorld:
         self.cache: dict[str, Any] = {}
         store = self.snapshot.open()
         try:
-            manifest = orjson.loads(store.get_meta(WORLD_META_KEY) or "{}")
+            manifest = orjson.loads(store.get_meta(META_KEY) or "{}")
         finally:
             store.close()
         self.manifest = manifest
-        self.anchor = date.fromisoformat(manifest.get("anchor") or "2025-06-02")
+        self.anchor = date.fromisoformat(manifest["anchor"]) if manifest.get("anchor") else DEFAULT_ANCHOR
         self.lock = threading.Lock()
         self._scratch: InProcessClient | None = None
         self._base: InProcessClient | None = None
