@@ -10,7 +10,6 @@ from ._builtin import CommandAgent, NullAgent, ReferenceAgent
 from ._react import ReactAgent
 
 DEFAULT_MODEL = f"local/{DEFAULT_LOCAL_MODEL}"
-BUILTIN = ("react", "reference", "null")
 
 
 def needs_model(agent: str) -> bool:

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..spec import cache_dir
+from ..spec import cache_dir, file_sha256
 from ._backend import BackendError
 
 CHUNK = 8 << 20
@@ -124,12 +124,9 @@ def _check_file(path: Path, spec: WeightSpec, remedy: str) -> None:
         raise ModelUnavailable(
             f"{path} has {stat.st_size} bytes, expected {spec.size} for {spec.name}; {remedy}"
         )
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while block := fh.read(CHUNK):
-            digest.update(block)
-    if digest.hexdigest() != spec.sha256:
-        raise ModelUnavailable(f"{path} has sha256 {digest.hexdigest()}, expected {spec.sha256}; {remedy}")
+    digest = file_sha256(path)
+    if digest != spec.sha256:
+        raise ModelUnavailable(f"{path} has sha256 {digest}, expected {spec.sha256}; {remedy}")
     _verified.add(key)
 
 

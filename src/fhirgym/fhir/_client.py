@@ -115,12 +115,20 @@ class FhirClient:
         headers = {"Prefer": "handling=lenient"} if lenient else None
         return self.request("GET", rtype, params, headers=headers)
 
-    def search_all(self, rtype: str, params: Params = None, max_pages: int = 100) -> list[dict]:
-        """Every matching resource (search mode 'match'), following next links."""
+    def search_all(self, rtype: str, params: Params = None, max_pages: int = 100, strict: bool = False) -> list[dict]:
+        """Every matching resource (search mode 'match'), following next links.
+
+        ``strict``: a rejected page raises RuntimeError instead of ending the list early, for callers
+        that must never take a partial answer for the whole one (task gold).
+        """
         resp = self.search(rtype, params)
         out: list[dict] = []
         pages = 0
-        while resp.status == 200 and resp.body and pages < max_pages:
+        while pages < max_pages:
+            if resp.status != 200 or not resp.body:
+                if strict:
+                    raise RuntimeError(f"search {rtype}?{params} failed: {resp.status} {resp.body}")
+                break
             pages += 1
             out.extend(
                 e["resource"] for e in resp.body.get("entry", []) if e.get("search", {}).get("mode", "match") == "match"

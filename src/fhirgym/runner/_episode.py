@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..agents import AgentResult, AgentTask
-from ..tasks import Instance, failure_modes, proximity
+from ..tasks import Instance, failure_modes_of, proximity
 from ..tasks._answer import render
 from ..tools import Tool, Toolbox
 
@@ -72,9 +72,7 @@ def run_episode(key: EpisodeKey, inst: Instance, agent, tools: tuple[Tool, ...],
     status = "error" if result.error else ("pass" if verdict.success else "fail")
     calls = box.calls
     names = [c.name for c in calls]
-    modes = [] if status != "fail" else failure_modes(
-        False, names, [c.resource_type for c in calls], [c.error is not None for c in calls], fam.sequences,
-        fam.resource_types, fam.prohibited_tools, bool(verdict.collateral))
+    modes = failure_modes_of(fam, calls, bool(verdict.collateral)) if status == "fail" else []
     line = {
         "episode_id": key.id, "task_id": fam.id, "category": fam.category, "difficulty": fam.difficulty,
         "writes": fam.writes, "seed": key.seed, "paraphrase": key.paraphrase, "prompt_id": inst.prompt_id,

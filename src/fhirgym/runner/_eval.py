@@ -7,7 +7,6 @@ pre-run snapshot) and appends one line per finished episode (docs/RESULTS.md).
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import time
 from collections.abc import Callable
@@ -19,7 +18,8 @@ from pathlib import Path
 
 import orjson
 
-from ..agents import make_agent
+from ..agents import DEFAULT_MODEL, make_agent, needs_model
+from ..spec import file_sha256
 from ..tasks import Instance, TaskWorld, make_instance, select
 from ..tools import FHIR_TOOLS, Tool
 from ._episode import EpisodeKey, run_episode
@@ -67,14 +67,6 @@ class EvalSpec:
                                                                 "max_iterations")}
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def plan(spec: EvalSpec) -> list[EpisodeKey]:
     fams = select(spec.tasks)
     if not fams:
@@ -99,7 +91,7 @@ def _prepare_dir(spec: EvalSpec, world: TaskWorld) -> set[str]:
         info = {"identity": spec.identity(), "spec": {k: str(v) if isinstance(v, Path) else v
                                                       for k, v in asdict(spec).items()},
                 "fhirgym_version": version("fhirgym"), "world": str(world.path),
-                "world_manifest": world.manifest, "world_sha256": _sha256(world.path),
+                "world_manifest": world.manifest, "world_sha256": file_sha256(world.path),
                 "started": datetime.now(UTC).isoformat(timespec="seconds")}
         write_atomic(run_file, info)
     return {line["episode_id"] for line in existing}
@@ -116,10 +108,8 @@ def run_eval(spec: EvalSpec, world: TaskWorld, progress: Callable[[dict, int, in
     todo = [k for k in keys if k.id not in done]
     if agent is None:
         agent = make_agent(spec.agent, spec.model, spec.base_url, spec.max_iterations)
-    model = spec.model if spec.agent not in ("reference", "null") and not spec.agent.startswith("cmd:") else None
+    model = spec.model if needs_model(spec.agent) else None
     if model is None and spec.agent == "react":
-        from ..agents import DEFAULT_MODEL
-
         model = DEFAULT_MODEL
     instances: dict[tuple[str, int, int], Instance] = {}
     lock = threading.Lock()

@@ -4,7 +4,7 @@ This is the only layer that reads HL7's package; every other layer asks it.
 """
 
 from ._model import ElementDef, SearchParam, SearchParamComponent, Spec, build_spec, load_spec
-from ._package import SpecUnavailable, cache_dir, package_path
+from ._package import SpecUnavailable, cache_dir, file_sha256, package_path
 
 __all__ = [
     "ElementDef",
@@ -14,6 +14,7 @@ __all__ = [
     "SpecUnavailable",
     "build_spec",
     "cache_dir",
+    "file_sha256",
     "load_spec",
     "package_path",
 ]

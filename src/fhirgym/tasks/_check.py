@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ._failure import failure_modes
+from ._failure import failure_modes_of
 from ._family import Family, Instance, TaskWorld, make_instance
 from ._mutate import MUTATIONS, run_mutation
 
@@ -52,10 +52,7 @@ def check_instance(inst: Instance, mutations: bool = True) -> CheckRow:
         row.problems.append("reference fails: " + "; ".join(ref.reasons))
     if fam.writes and not ref.light_success:
         row.problems.append("reference fails the light validator")
-    modes = failure_modes(False, [c.name for c in calls], [c.resource_type for c in calls],
-                          [c.error is not None for c in calls], fam.sequences, fam.resource_types,
-                          fam.prohibited_tools, False)
-    modes = [m for m in modes if m != "other"]
+    modes = [m for m in failure_modes_of(fam, calls, False) if m != "other"]
     if modes:
         row.problems.append(f"reference has failure modes {modes} (calls: {[c.name for c in calls]})")
     if null.success:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 MODES = ("incorrect_tool_selection", "incorrect_tool_order", "incorrect_resource_type", "prohibited_tool",
          "tool_errors", "collateral_writes", "other")
@@ -74,3 +75,10 @@ def failure_modes(success: bool, calls: Sequence[str], call_types: Sequence[str 
     if collateral:
         modes.append("collateral_writes")
     return modes or ["other"]
+
+
+def failure_modes_of(family: Any, calls: Sequence[Any], collateral: bool) -> list[str]:
+    """:func:`failure_modes` of a failed run of ``family`` from its recorded tool calls (``ToolCall``s)."""
+    return failure_modes(False, [c.name for c in calls], [c.resource_type for c in calls],
+                         [c.error is not None for c in calls], family.sequences, family.resource_types,
+                         family.prohibited_tools, collateral)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import random
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from functools import cached_property
@@ -26,7 +25,7 @@ from ..fhir import FhirServer, InProcessClient, ServerConfig, Snapshot, Store
 from ..tools import FHIR_TOOLS, Toolbox, ToolCall, ToolContext
 from ..world import DEFAULT_ANCHOR
 from ..world._build import META_KEY
-from ._answer import AnswerSpec, answer_text, render
+from ._answer import AnswerSpec, render
 from ._diff import Change, Mark, diff, mark
 from ._expect import Expect, match
 
@@ -64,10 +63,6 @@ class View:
     def anchor(self) -> date:
         return self.world.anchor
 
-    @property
-    def cache(self) -> dict[str, Any]:
-        return self.world.cache
-
     def cached(self, key: str, compute) -> Any:
         """``compute()`` once per world; it runs against the bare world (never an instance's setup)."""
         if key not in self.world.cache:
@@ -81,16 +76,7 @@ class View:
 
     def search(self, rtype: str, params: dict | list | None = None) -> list[dict]:
         """Every match, all pages; a rejected search is a bug in the family, so it raises."""
-        resp = self.client.search(rtype, params)
-        out: list[dict] = []
-        while True:
-            if resp.status != 200 or not resp.body:
-                raise RuntimeError(f"gold search {rtype}?{params} failed: {resp.status} {resp.body}")
-            out += [e["resource"] for e in resp.body.get("entry", []) if e.get("search", {}).get("mode") != "include"]
-            nxt = next((lk["url"] for lk in resp.body.get("link", []) if lk.get("relation") == "next"), None)
-            if not nxt:
-                return out
-            resp = self.client.follow(nxt)
+        return self.client.search_all(rtype, params, max_pages=10_000, strict=True)
 
     def read(self, rtype: str, rid: str) -> dict | None:
         resp = self.client.read(rtype, rid)
@@ -312,9 +298,6 @@ class Instance:
     def expected_min_calls(self) -> int:
         return len(self.reference.calls)
 
-    def gold_answer_text(self) -> str | None:
-        return None if self.gold.answer is None else answer_text(self.gold.answer)
-
     def describe(self) -> dict:
         """Everything `fhirgym tasks show` prints."""
         return {"task_id": self.task_id, "category": self.family.category, "difficulty": self.family.difficulty,
@@ -380,12 +363,6 @@ def make_instance(family: Family | str, seed: int, world: TaskWorld | str | Path
         gold = fam.gold(view, params)
         snapshot = client.server.store.snapshot() if setup else tw.snapshot
     return Instance(fam, seed, params, now, fam.full_prompt(params), setup, snapshot, gold, tw)
-
-
-def instances(task_ids: list[str], seeds: list[int], world: TaskWorld) -> Iterator[Instance]:
-    for tid in task_ids:
-        for seed in seeds:
-            yield make_instance(tid, seed, world)
 
 
 #: The README's default subset: one family per category and difficulty mix, small enough for a 2-core

@@ -6,7 +6,7 @@
     call.output, call.error, call.ms
 """
 
-from ._core import DEFAULT_BUDGET, Tool, Toolbox, ToolCall, ToolContext, ToolError, bounded
+from ._core import DEFAULT_BUDGET, Tool, Toolbox, ToolCall, ToolContext, ToolError
 from ._fhir import (
     CREATE_RESOURCE,
     DELETE_RESOURCE,
@@ -43,5 +43,4 @@ __all__ = [
     "ToolContext",
     "ToolError",
     "Toolbox",
-    "bounded",
 ]

@@ -173,12 +173,3 @@ def _error_text(err: Any) -> str:
         msg = err.get("message") or ""
         return f"{status}: {msg}" if status else str(msg)
     return str(err)
-
-
-def bounded(payload: dict, budget: int) -> dict:
-    """``payload`` if its JSON fits ``budget``; else the same with a note that it was cut (never silently)."""
-    text = orjson.dumps(payload, default=str)
-    if len(text) <= budget:
-        return payload
-    return {"truncated": True, "note": f"output of {len(text)} characters exceeds the budget of {budget}",
-            "preview": text[: max(0, budget - 200)].decode(errors="ignore")}

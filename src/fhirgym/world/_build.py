@@ -9,7 +9,6 @@ clock is frozen at the anchor. Builds are cached by (seed, size, anchor, generat
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import tempfile
 import time
@@ -22,7 +21,7 @@ import orjson
 
 from ..fhir import FhirServer, Issue, ServerConfig, Snapshot, Store
 from ..fhir._refs import rewrite_references
-from ..spec import cache_dir
+from ..spec import cache_dir, file_sha256
 from ._context import WorldContext
 from ._synthea import repair_bundle, synthea_bundles
 
@@ -229,7 +228,7 @@ def world_info(path: str | Path) -> WorldInfo:
     finally:
         store.close()
     manifest = orjson.loads(raw) if raw else {}
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = file_sha256(path)
     return WorldInfo(path, manifest.get("seed"), manifest.get("patients"), manifest.get("anchor"),
                      manifest.get("generator_version"), counts, digest)
 
