@@ -65,14 +65,14 @@ def _cli() -> list[str]:
     return [script] if script else [sys.executable, "-m", "fhirgym.cli"]
 
 
-def _json(result: Any) -> dict:
-    """The text content, parsed; it must equal the structured content."""
+def _json(result: Any, structured: bool = False) -> dict:
+    """The text content, parsed; the structured copy is there exactly when asked for, and equal."""
     data = orjson.loads(result.content[0].text)
-    assert result.structured_content == data
+    assert result.structured_content == (data if structured else None)
     return data
 
 
-async def _exercise(client: Client, patient_id: str | None = None) -> dict:
+async def _exercise(client: Client, patient_id: str | None = None, structured: bool = False) -> dict:
     """The calls every transport must get right; returns what the caller checks against its store."""
     listed = (await client.list_tools()).tools
     out: dict[str, Any] = {"names": [t.name for t in listed]}
@@ -80,18 +80,18 @@ async def _exercise(client: Client, patient_id: str | None = None) -> dict:
         created = await client.call_tool("createResource", {"resourceType": "Patient",
                                                             "body": {"name": [{"family": "McpWrite"}]}})
         assert not created.is_error
-        out["created"] = _json(created)["id"]
+        out["created"] = _json(created, structured)["id"]
         read = await client.call_tool("getResourceById", {"resourceType": "Patient",
                                                           "resourceId": out["created"]})
-        assert _json(read)["name"][0]["family"] == "McpWrite"
+        assert _json(read, structured)["name"][0]["family"] == "McpWrite"
     missing = await client.call_tool("getResourceById", {"resourceType": "Patient",
                                                          "resourceId": "no-such-id"})
-    assert missing.is_error and _json(missing)["error"]["status"] == 404
-    assert _json(missing)["error"]["issues"][0]["code"] == "not-found"
+    assert missing.is_error and _json(missing, structured)["error"]["status"] == 404
+    assert _json(missing, structured)["error"]["issues"][0]["code"] == "not-found"
     if patient_id:
         found = await client.call_tool("getResourceById", {"resourceType": "Patient",
                                                            "resourceId": patient_id})
-        assert not found.is_error and _json(found)["id"] == patient_id
+        assert not found.is_error and _json(found, structured)["id"] == patient_id
     return out
 
 
@@ -196,18 +196,18 @@ def test_serve_http_writes_the_bound_store(small_world_path, world_patient_id):
 def test_cli_over_stdio(small_world_path, world_patient_id):
     cmd = _cli()
     params = StdioServerParameters(command=cmd[0], args=[*cmd[1:], "mcp", "fhir", "--transport", "stdio",
-                                                         "--world", str(small_world_path)],
+                                                         "--world", str(small_world_path), "--structured"],
                                    env=dict(os.environ))
 
     async def main() -> dict:
         async with Client(params) as client:
-            out = await _exercise(client, world_patient_id)
+            out = await _exercise(client, world_patient_id, structured=True)
             page = await client.call_tool("searchResources", {"resourceType": "Observation"})
-            data = _json(page)
+            data = _json(page, structured=True)
             assert data["omitted"] > 0 and data["next_page_url"]
             nxt = await client.call_tool("searchResources", {"resourceType": "Observation",
                                                              "page_url": data["next_page_url"]})
-            assert not nxt.is_error and _json(nxt)["resources"]
+            assert not nxt.is_error and _json(nxt, structured=True)["resources"]
             return out
 
     out = anyio.run(main)

@@ -81,6 +81,23 @@ def test_react_loop_with_a_scripted_model(world, tmp_path):
     assert tool_msg["role"] == "tool" and '"total":1' in tool_msg["content"]
 
 
+def test_a_backend_that_can_afford_less_gets_shorter_tool_outputs_and_replies(world, tmp_path):
+    """A local model says what it can afford (tool_budget, max_reply_tokens); --budget still wins."""
+    search = ('<tool_call>{"name": "searchResources", "arguments": {"resourceType": "Observation"}}'
+              '</tool_call>')
+    outputs = {}
+    for label, budget in (("cheap", None), ("explicit", 9000)):
+        backend = ScriptedBackend([search, "<answer>{}</answer>"])
+        backend.tool_budget, backend.max_reply_tokens = 1500, 200
+        agent = ReactAgent(backend)
+        run_eval(EvalSpec(out=tmp_path / label, agent="react", model="scripted", tasks="records.find_patient",
+                          budget=budget), world, agent=agent)
+        assert [r.max_tokens for r in backend.requests] == [200, 200]
+        outputs[label] = backend.requests[1].messages[-1]["content"]
+    assert 1000 < len(outputs["cheap"]) <= 1500 < 6000 < len(outputs["explicit"]) <= 9000
+    assert '"omitted"' in outputs["cheap"] and '"omitted"' in outputs["explicit"]
+
+
 def test_backend_failure_is_an_error_not_a_fail(world, tmp_path):
     agent = ReactAgent(ScriptedBackend([]))  # exhausted at once, like an endpoint that went away
     [line] = run_eval(EvalSpec(out=tmp_path, agent="react", model="scripted", tasks="records.find_patient"), world,

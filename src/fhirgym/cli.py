@@ -370,8 +370,8 @@ def _mcp_options(fn):
                      help="HTTP only; 0 picks a free port."),
         click.option("--read-only", is_flag=True, help="Leave out the tools that write."),
         click.option("--budget", default=None, type=int, help="Characters per tool output (default 12000)."),
-        click.option("--text-only", is_flag=True,
-                     help="Results as JSON text only, without MCP's structured copy (less to send)."),
+        click.option("--structured", is_flag=True,
+                     help="Also send each result as MCP structured content (a second copy of the JSON text)."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -379,7 +379,7 @@ def _mcp_options(fn):
 
 
 def _mcp_serve(tools, client, name: str, transport: str, host: str, port: int, read_only: bool,
-               budget: int | None, text_only: bool) -> None:
+               budget: int | None, structured: bool) -> None:
     """stdio: nothing but protocol on stdout (logs go to stderr). http: the endpoint URL is the one line
     printed on stdout; serve until Ctrl-C or SIGTERM."""
     import logging
@@ -393,9 +393,9 @@ def _mcp_serve(tools, client, name: str, transport: str, host: str, port: int, r
                         format="%(levelname)s %(name)s: %(message)s")
     toolbox = Toolbox(tools, ToolContext(client, budget or DEFAULT_BUDGET))
     if transport == "stdio":
-        build_server(toolbox, name, read_only=read_only, structured=not text_only).run("stdio")
+        build_server(toolbox, name, read_only=read_only, structured=structured).run("stdio")
         return
-    handle = serve_http(toolbox, host, port, name=name, read_only=read_only, structured=not text_only)
+    handle = serve_http(toolbox, host, port, name=name, read_only=read_only, structured=structured)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     click.echo(handle.url)
@@ -416,7 +416,7 @@ def _mcp_serve(tools, client, name: str, transport: str, host: str, port: int, r
 @click.option("--seed", default=0, show_default=True, help="Seed of the --task instance.")
 @click.option("--url", default=None, help="Bind the tools to this external FHIR server instead (base URL).")
 @click.option("--specs", "with_specs", is_flag=True, help="Also serve the FHIR R4 spec tools.")
-def mcp_fhir(transport: str, host: str, port: int, read_only: bool, budget: int | None, text_only: bool,
+def mcp_fhir(transport: str, host: str, port: int, read_only: bool, budget: int | None, structured: bool,
              world_path: Path | None, patients: int, world_seed: int, task_id: str | None, seed: int,
              url: str | None, with_specs: bool) -> None:
     """The six FHIR CRUD tools on an isolated copy of a world (or of a task instance's pre-run state):
@@ -444,17 +444,17 @@ def mcp_fhir(transport: str, host: str, port: int, read_only: bool, budget: int 
 
                 client = InProcessClient(FhirServer(world.snapshot.open(), world.spec), world.snapshot)
     tools = FHIR_TOOLS + SPEC_TOOLS if with_specs else FHIR_TOOLS
-    _mcp_serve(tools, client, "fhirgym-fhir", transport, host, port, read_only, budget, text_only)
+    _mcp_serve(tools, client, "fhirgym-fhir", transport, host, port, read_only, budget, structured)
 
 
 @mcp_group.command("specs")
 @_mcp_options
 def mcp_specs(transport: str, host: str, port: int, read_only: bool, budget: int | None,
-              text_only: bool) -> None:
+              structured: bool) -> None:
     """The FHIR R4 specification tools (official definitions; no FHIR server needed)."""
     from .tools import SPEC_TOOLS
 
-    _mcp_serve(SPEC_TOOLS, None, "fhirgym-specs", transport, host, port, read_only, budget, text_only)
+    _mcp_serve(SPEC_TOOLS, None, "fhirgym-specs", transport, host, port, read_only, budget, structured)
 
 
 if __name__ == "__main__":

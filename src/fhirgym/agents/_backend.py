@@ -49,7 +49,11 @@ class ContextLengthExceeded(BackendError):
 
 @runtime_checkable
 class ChatBackend(Protocol):
-    """Anything that turns a chat (plus optional tool schemas) into the next assistant turn."""
+    """Anything that turns a chat (plus optional tool schemas) into the next assistant turn.
+
+    A backend may also carry ``tool_budget`` (characters per tool output) and ``max_reply_tokens``: what
+    the model can afford per turn (the local backend does); the runner and the ReAct agent honour them.
+    """
 
     name: str
 

@@ -7,6 +7,11 @@ weights are loaded once, and consecutive calls reuse the KV cache of their commo
 (llama-cpp-python does this itself as long as nothing resets the context between calls), so a growing
 agent conversation only prefills its new tail.
 
+A CPU model reads slowly, so the backend also says what it can afford (``tool_budget``,
+``max_reply_tokens``), and the runner and the ReAct agent keep to it: on this 2-core machine the 1.5B
+prefills ~37 tokens/s and decodes ~8, so one 12,000-character tool result (~3,500 tokens) costs ~95 s and
+a 1,024-token ramble ~2 min, while 4,000 characters (~30 s) still hold a page of search results.
+
 Calls that use every core also take a machine-wide file lock: llama.cpp's worker threads spin at barriers,
 so two such processes on the same cores slow each other down ~20x (measured: 0.7 tok/s instead of ~30
 while a second process decoded). Taking turns costs each caller only its wait.
@@ -63,6 +68,9 @@ class CallStats:
 class LocalBackend:
     """A llama.cpp model: ``qwen2.5-coder-1.5b``/``qwen2.5-coder-0.5b`` (fetched on first use) or a GGUF path.
 
+    ``tool_budget`` (characters per tool output) and ``max_reply_tokens`` are what a CPU model can afford
+    (see the module docstring); an explicit ``--budget`` still wins.
+
     Loading happens on the first :meth:`chat` (or an explicit :meth:`load`), so building the backend is cheap;
     a missing file or runtime then raises :class:`BackendError`. ``exclusive`` (default: when ``n_threads``
     covers all cores) serializes inference across processes through a lock file in the model cache.
@@ -75,9 +83,13 @@ class LocalBackend:
         n_threads: int | None = None,
         seed: int = 0,
         exclusive: bool | None = None,
+        tool_budget: int = 4_000,
+        max_reply_tokens: int = 512,
         **llama_options: Any,
     ) -> None:
         self.source = str(path_or_name)
+        self.tool_budget = tool_budget
+        self.max_reply_tokens = max_reply_tokens
         self.name = local_model_label(self.source)
         self.n_ctx = n_ctx
         self.n_threads = n_threads or os.cpu_count() or 1

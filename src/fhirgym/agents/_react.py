@@ -39,7 +39,8 @@ class ReactAgent:
         self.name = "react"
         self.max_iterations = max_iterations
         self.temperature = temperature
-        self.max_tokens = max_tokens
+        # a backend may cap replies below the agent's default (a CPU model decodes ~8 tokens/s)
+        self.max_tokens = min(max_tokens, getattr(backend, "max_reply_tokens", None) or max_tokens)
         self.system_prompt = system_prompt
         self.seed = seed
 

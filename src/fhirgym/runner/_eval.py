@@ -129,10 +129,12 @@ def run_eval(spec: EvalSpec, world: TaskWorld, progress: Callable[[dict, int, in
             return inst
 
     serve = _mcp_server if spec.agent.startswith("cmd:") else None
+    # --budget, else what the agent's model can afford (a local model: less), else the tools' default
+    budget = spec.budget or getattr(getattr(agent, "backend", None), "tool_budget", None)
 
     def one(key: EpisodeKey) -> dict:
         line, transcript = run_episode(key, instance(key), agent, tools, setting=spec.setting, model=model,
-                                       budget=spec.budget, max_iterations=spec.max_iterations, serve_mcp=serve)
+                                       budget=budget, max_iterations=spec.max_iterations, serve_mcp=serve)
         write_atomic(spec.out / line["transcript"], transcript)
         append_result(spec.out, line)
         return line
