@@ -102,3 +102,15 @@ def test_cli_show_and_import(tmp_path):
 
 def info_sha(path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_invalid_resources_are_all_reported_and_nothing_is_written(tmp_path):
+    # validation runs inside the (fail-fast) parallel load; a failure must still report every problem
+    resources = [{"resourceType": "Patient", "id": "ok", "gender": "female"},
+                 {"resourceType": "Patient", "id": "p1", "gender": "robot"},
+                 {"resourceType": "Patient", "id": "p2", "birthDate": "yesterday"}]
+    out = tmp_path / "bad.db"
+    report = store_world(resources, out, {"generator_version": 1}, workers=2)
+    assert not report.ok and report.checked == 3
+    assert [key for key, _ in report.invalid] == ["Patient/p1", "Patient/p2"]
+    assert not out.exists()

