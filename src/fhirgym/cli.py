@@ -319,7 +319,8 @@ def _seeds(value: str) -> list[int]:
 @click.option("--parallel", default=1, show_default=True, help="Episodes at a time.")
 @click.option("--resume", is_flag=True, help="Skip episodes already in OUT/results.jsonl.")
 @click.option("--max-iterations", default=15, show_default=True)
-@click.option("--budget", default=None, type=int, help="Characters per tool output (default 12000).")
+@click.option("--budget", default=None, type=int,
+              help="Characters per tool output (default: 4000 for a local model, else 12000).")
 @click.option("--paraphrases", default=0, show_default=True, help="Also run the first K cached paraphrases.")
 @click.option("--no-report", is_flag=True, help="Do not write OUT/report.html at the end.")
 @_world_options(default_patients=10)
