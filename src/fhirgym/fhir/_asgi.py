@@ -59,6 +59,7 @@ def create_app(server: FhirServer, admin: bool = False) -> Starlette:
             query=query,
             headers={k.lower(): v for k, v in request.headers.items()},
             body=body,
+            raw=not pretty,  # orjson serialises the answer: stored JSON is spliced in, not re-parsed
         )
         return _render(server.handle(req), pretty)
 

@@ -136,7 +136,7 @@ def _transaction(server: FhirServer, entries: list) -> dict:
                     rtype, rid = segs
                 elif len(segs) == 1 and query:
                     rtype = segs[0]
-                    matches = server.search_engine.ids(server.store, server.search_engine.parse(rtype, query))
+                    matches = server.search_engine.find(server.store, rtype, query)
                     if len(matches) > 1:
                         raise FhirError(412, f"Conditional update matched {len(matches)} resources", "multiple-matches")
                     rid = matches[0] if matches else (resource.get("id") or server.new_id())
@@ -221,7 +221,7 @@ def _execute(server: FhirServer, n: int, entry: dict, method: str, url: str, res
                 raise FhirError(404, f"Unknown resource type {rtype!r}", "not-found")
             rec = server.delete(rtype, rid, deleting=set(pending))
         elif len(segs) == 1 and query:
-            matches = server.search_engine.ids(server.store, server.search_engine.parse(segs[0], query))
+            matches = server.search_engine.find(server.store, segs[0], query)
             if len(matches) > 1:
                 raise FhirError(412, f"Conditional delete matched {len(matches)} resources", "multiple-matches")
             rec = server.delete(segs[0], matches[0], deleting=set(pending)) if matches else None

@@ -6,7 +6,16 @@ Reference in a resource together with its element path, whether or not a search 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
+
+import orjson
+
+#: ``"reference":"<string>"`` in compact JSON (orjson's output). A ``"`` inside a JSON string is always
+#: escaped, so a match preceded by ``{`` or ``,`` is a key, never string content: those matches are
+#: exactly the dict entries :func:`reference_strings` finds, without building or walking the tree.
+#: (A literal start, which ``re`` finds fast, and an unrolled string body: 5 µs per resource.)
+_REFERENCE_ENTRY = re.compile(rb'"reference":"([^"\\]*(?:\\.[^"\\]*)*)"')
 
 
 def iter_references(resource: dict, root: str | None = None) -> Iterator[tuple[str, dict]]:
@@ -42,6 +51,16 @@ def reference_strings(node: object, out: list[str] | None = None) -> list[str]:
         for item in node:
             if isinstance(item, dict | list):
                 reference_strings(item, out)
+    return out
+
+
+def reference_strings_json(data: bytes) -> list[str]:
+    """:func:`reference_strings` of a resource serialised by orjson (compact), read from its bytes."""
+    out = []
+    for m in _REFERENCE_ENTRY.finditer(data):
+        if data[m.start() - 1] in b"{,":
+            raw = m.group(1)
+            out.append(orjson.loads(b'"' + raw + b'"') if b"\\" in raw else raw.decode())
     return out
 
 

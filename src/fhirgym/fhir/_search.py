@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from ..spec import SearchParam, Spec
 from ._errors import FhirError, bad_request
-from ._store import INDEX_TABLES, TABLE_FOR_TYPE, Store, merged
+from ._store import BOTH, INDEX_TABLES, TABLE_FOR_TYPE, Store, merged
 from ._values import date_range, normalize_string, number_range
 
 #: Result parameters handled by the search driver, not by the index.
@@ -45,9 +45,14 @@ _MAX_OR_VALUES = 100
 class SqlParams:
     """Accumulates named SQL parameters so predicate text can appear in several UNION branches."""
 
-    def __init__(self) -> None:
+    def __init__(self, sides: tuple[str, ...] = BOTH) -> None:
         self.values: dict[str, object] = {}
         self.ctes: list[str] = []  # ``name AS (select)``, in dependency order
+        self.sides = sides  # schemas holding rows (:meth:`Store.sides`); both is always correct
+
+    def merged(self, table: str, where: str = "", cols: str = "*") -> str:
+        """:func:`merged` over the schemas this query runs on."""
+        return merged(table, where, cols, self.sides)
 
     def __call__(self, value: object) -> str:
         name = f"p{len(self.values)}"
@@ -185,8 +190,10 @@ class SearchEngine:
         ]
 
     # -- parsing -----------------------------------------------------------------------------------
-    def parse(self, rtype: str, query: list[tuple[str, str]], lenient: bool = False) -> SearchRequest:
-        params = SqlParams()
+    def parse(self, rtype: str, query: list[tuple[str, str]], lenient: bool = False,
+              sides: tuple[str, ...] = BOTH) -> SearchRequest:
+        """``sides``: :meth:`Store.sides` of the store the request will run on (its SQL is built for it)."""
+        params = SqlParams(sides)
         req = SearchRequest(rtype, [], None, [], [], [], None, None, "accurate", params=params)
         for key, value in query:
             try:
@@ -303,7 +310,7 @@ class SearchEngine:
                     f"rtype = {P(rtype)} AND param = {P(name)} AND target_type = {P(target)} "
                     f"AND target_id IN (SELECT id FROM {inner_ids})"
                 )
-                alts.append(f"SELECT id FROM ({merged('ix_reference', ref_where, 'id')})")
+                alts.append(f"SELECT id FROM ({P.merged('ix_reference', ref_where, 'id')})")
             if not alts:
                 raise bad_request(f"Chained parameter '{rest}' exists on none of {', '.join(targets)}")
             return Criterion(True, " UNION ".join(alts))
@@ -325,14 +332,18 @@ class SearchEngine:
         return Criterion(True, self._rows(rtype, p, " OR ".join(f"({c})" for c in conds), P))
 
     def id_set(self, rtype: str, criteria: list[Criterion], P: SqlParams) -> str:
-        """SELECT of the ids of ``rtype`` meeting every criterion: positive sets intersected (each from an
-        index, so the smallest drives the work), complements subtracted last."""
+        """SELECT of the ids of ``rtype`` meeting every criterion (duplicates possible: every use is an
+        ``IN``). The first positive set is scanned and the others probed through ``id IN (...)``: SQLite
+        builds one temporary index per probed set, where ``INTERSECT`` sorts every set, the scanned one
+        included, which costs twice as much on a patient-scoped search. Complements are subtracted last."""
         pos = [c.sql for c in criteria if c.positive]
         neg = [c.sql for c in criteria if not c.positive]
         if pos:
-            body = " INTERSECT ".join(f"SELECT id FROM ({s})" for s in pos)
+            body = f"SELECT id FROM ({pos[0]})"
+            if pos[1:]:
+                body += " WHERE " + " AND ".join(f"id IN ({s})" for s in pos[1:])
         else:
-            body = f"SELECT id FROM ({merged('resources', f'rtype = {P(rtype)}', 'id')})"
+            body = f"SELECT id FROM ({P.merged('resources', f'rtype = {P(rtype)}', 'id')})"
         if neg:
             body = f"SELECT id FROM ({body}) WHERE " + " AND ".join(f"id NOT IN ({s})" for s in neg)
         return body
@@ -340,7 +351,7 @@ class SearchEngine:
     def _rows(self, rtype: str, p: SearchParam, cond: str, P: SqlParams) -> str:
         table = TABLE_FOR_TYPE[p.type]
         where = f"rtype = {P(rtype)} AND param = {P(p.code)} AND ({cond})"
-        return f"SELECT id FROM ({merged(table, where, 'id')})"
+        return f"SELECT id FROM ({P.merged(table, where, 'id')})"
 
     def _chain_targets(self, p: SearchParam, modifier: str, rtype: str) -> list[str]:
         if modifier:
@@ -387,7 +398,7 @@ class SearchEngine:
             f"rtype = {P(src)} AND param = {P(ref_code)} AND target_type = {P(rtype)} "
             f"AND id IN (SELECT id FROM {src_ids})"
         )
-        return Criterion(True, f"SELECT target_id AS id FROM ({merged('ix_reference', where, 'target_id, id, rtype')})")
+        return Criterion(True, f"SELECT target_id AS id FROM ({P.merged('ix_reference', where, 'target_id, id, rtype')})")
 
     # -- value predicates per type -----------------------------------------------------------------
     def _value_pred(self, rtype: str, p: SearchParam, modifier: str, raw: str, P: SqlParams,
@@ -570,9 +581,13 @@ class SearchEngine:
             pred = self._value_pred(rtype, sub, "", v, P, cols)
             exists.append(f"EXISTS (SELECT 1 FROM json_each(comp, '$[{k}]') c{k} WHERE {pred})")
         where = f"rtype = {P(rtype)} AND param = {P(p.code)}"
-        return f"SELECT id FROM ({merged('ix_composite', where, 'id, comp')}) WHERE {' AND '.join(exists)}"
+        return f"SELECT id FROM ({P.merged('ix_composite', where, 'id, comp')}) WHERE {' AND '.join(exists)}"
 
     # -- execution ---------------------------------------------------------------------------------
+    def find(self, store: Store, rtype: str, query: list[tuple[str, str]]) -> list[str]:
+        """Ids of ``rtype`` matching ``query`` on ``store`` (parse + :meth:`ids`), in result order."""
+        return self.ids(store, self.parse(rtype, query, sides=store.sides()))
+
     def ids(self, store: Store, req: SearchRequest) -> list[str]:
         """All matching ids of ``req.rtype`` in result order."""
         P = req.params
@@ -594,7 +609,7 @@ class SearchEngine:
         order.append("r.last_updated, r.id")
         sql = (
             (f"WITH {', '.join(P.ctes)} " if P.ctes else "")
-            + f"SELECT r.id FROM ({merged('resources', where, 'rtype, id, last_updated')}) r "
+            + f"SELECT r.id FROM ({P.merged('resources', where, 'rtype, id, last_updated')}) r "
             + " ".join(joins)
             + f" ORDER BY {', '.join(order)}"
         )
@@ -615,48 +630,51 @@ class SearchEngine:
         agg = "max" if desc else "min"
         keyed = f"{where} AND param = {P(code)}"
         return (
-            f"LEFT JOIN (SELECT id, {agg}({column}) AS k FROM ({merged(table, keyed, f'id, {column}')}) GROUP BY id) "
+            f"LEFT JOIN (SELECT id, {agg}({column}) AS k FROM ({P.merged(table, keyed, f'id, {column}')}) GROUP BY id) "
             f"s{n} ON s{n}.id = r.id"
         )
 
     def fetch(self, store: Store, rtype: str, ids: list[str]) -> dict[str, bytes]:
         """JSON of the given current resources of one type (missing ones are simply absent)."""
+        sides = store.sides()
         out: dict[str, bytes] = {}
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
-            P = SqlParams()
+            P = SqlParams(sides)
             marks = ", ".join(P(i) for i in chunk)
-            sql = f"SELECT id, json FROM ({merged('resources', f'rtype = {P(rtype)} AND id IN ({marks})', 'id, json')})"
+            sql = f"SELECT id, json FROM ({P.merged('resources', f'rtype = {P(rtype)} AND id IN ({marks})', 'id, json')})"
             out.update(store.query(sql, P.values))
         return out
 
     def references_from(self, store: Store, rtype: str, ids: list[str], code: str, target: str | None
                         ) -> list[tuple[str, str]]:
         """(target type, target id) referenced through parameter ``code`` ('*' = any) by the given resources."""
+        sides = store.sides()
         out: list[tuple[str, str]] = []
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
-            P = SqlParams()
+            P = SqlParams(sides)
             where = f"rtype = {P(rtype)} AND id IN ({', '.join(P(i) for i in chunk)}) AND target_id IS NOT NULL"
             if code != "*":
                 where += f" AND param = {P(code)}"
             if target:
                 where += f" AND target_type = {P(target)}"
-            sql = f"SELECT DISTINCT target_type, target_id FROM ({merged('ix_reference', where, 'target_type, target_id')})"
+            sql = f"SELECT DISTINCT target_type, target_id FROM ({P.merged('ix_reference', where, 'target_type, target_id')})"
             out.extend(store.query(sql, P.values))
         return out
 
     def referencing(self, store: Store, src: str, code: str, targets: list[tuple[str, str]]) -> list[str]:
         """Ids of ``src`` resources whose parameter ``code`` references one of ``targets``."""
+        sides = store.sides()
         out: list[str] = []
         for start in range(0, len(targets), 250):
             chunk = targets[start : start + 250]
-            P = SqlParams()
+            P = SqlParams(sides)
             pairs = " OR ".join(f"(target_type = {P(t)} AND target_id = {P(i)})" for t, i in chunk)
             where = f"rtype = {P(src)} AND ({pairs})"
             if code != "*":
                 where += f" AND param = {P(code)}"
-            sql = f"SELECT DISTINCT id FROM ({merged('ix_reference', where, 'id, target_type, target_id')})"
+            sql = f"SELECT DISTINCT id FROM ({P.merged('ix_reference', where, 'id, target_type, target_id')})"
             out.extend(r[0] for r in store.query(sql, P.values))
         return out
 

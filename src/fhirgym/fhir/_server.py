@@ -24,7 +24,7 @@ import orjson
 
 from ..spec import Spec, load_spec
 from ._errors import FhirError, Issue, bad_request, invalid_resource, not_found, operation_outcome
-from ._refs import iter_references, reference_strings, rewrite_references
+from ._refs import iter_references, reference_strings, reference_strings_json, rewrite_references
 from ._search import SearchEngine, check_format
 from ._store import Record, Store, history_sql
 from ._values import split_reference
@@ -59,6 +59,9 @@ class Request:
     query: list[tuple[str, str]] = field(default_factory=list)
     headers: dict[str, str] = field(default_factory=dict)  # lower-case names
     body: bytes | dict | None = None
+    #: the caller serialises the response with orjson (the HTTP adapter): stored resources may then be
+    #: spliced into it as ``orjson.Fragment`` bytes instead of being parsed and re-serialised
+    raw: bool = False
 
 
 @dataclass
@@ -122,6 +125,7 @@ class FhirServer:
         self._lock = threading.RLock()
         self._generation = 0
         self._capability: dict | None = None
+        self._ref_cache: dict[str, tuple[str, str] | None] = {}  # reference string -> local target
         self.admin_snapshot = None  # used only by the optional admin HTTP routes
 
     # -- plumbing ------------------------------------------------------------------------------------
@@ -300,11 +304,16 @@ class FhirServer:
             return None
         return t, i
 
-    def _local_targets(self, resource: dict) -> set[tuple[str, str]]:
-        """(type, id) of every reference to a resource on this server."""
+    def _local_targets(self, resource: dict | bytes) -> set[tuple[str, str]]:
+        """(type, id) of every reference to a resource on this server (``resource`` as a dict or as
+        orjson bytes; the bytes are scanned, not parsed, which is what bulk loads use)."""
+        refs = reference_strings_json(resource) if isinstance(resource, bytes) else reference_strings(resource)
+        cache = self._ref_cache
+        if len(cache) > 100_000:
+            cache.clear()
         out = set()
-        for ref in reference_strings(resource):
-            target = self._local_ref(ref)
+        for ref in refs:
+            target = cache[ref] if ref in cache else cache.setdefault(ref, self._local_ref(ref))
             if target is not None:
                 out.add(target)
         return out
@@ -318,7 +327,7 @@ class FhirServer:
         head, sep, query = ref.partition("?")
         if not sep or "/" in head or not self.spec.is_resource_type(head):
             return None
-        matches = self.search_engine.ids(self.store, self.search_engine.parse(head, parse_qsl(query, keep_blank_values=True)))
+        matches = self.search_engine.find(self.store, head, parse_qsl(query, keep_blank_values=True))
         if len(matches) != 1:
             raise FhirError(412, f"Conditional reference {ref!r} matched {len(matches)} resources (needs exactly 1)",
                             "not-found")
@@ -349,8 +358,9 @@ class FhirServer:
         body["meta"] = meta
         body["id"] = rid
         index = self.extractor.extract(body)
-        refs = sorted(self._local_targets(body))
-        return Record(rtype, rid, version, ts, method, body, index, refs)
+        data = orjson.dumps(body)
+        refs = sorted(self._local_targets(data))
+        return Record(rtype, rid, version, ts, method, body, index, refs, data)
 
     def _store_write(self, record: Record) -> None:
         self.store.write([record])
@@ -444,12 +454,13 @@ class FhirServer:
 
         Every resource is validated (unless ``validate`` is False) and indexed like any write; a resource
         repeated in the input (same type and id) is stored once, as its last occurrence. ``workers`` > 1
-        prepares resources in that many processes; ``reindex=False`` is for a store that will only be
-        exported (see :meth:`Store.bulk`). References are checked once at the end, against the
-        whole loaded set. Returns the dangling-reference issues (empty when the data is closed); raises
-        a 422 FhirError on the first invalid resource and then stores nothing.
+        validates, indexes and inserts in that many processes (see :mod:`._bulk`); ``reindex=False``
+        is for a store that will only be exported (see :meth:`Store.bulk`). References are checked
+        once at the end, against the whole loaded set. Returns the dangling-reference issues (empty
+        when the data is closed); raises a 422 FhirError on the first invalid resource and then stores
+        nothing.
         """
-        from ._bulk import prepared_records
+        from ._bulk import bulk_write
 
         resources = [r if r.get("id") else {**r, "id": self.new_id()} for r in resources]
         last: dict[tuple, int] = {}
@@ -463,10 +474,8 @@ class FhirServer:
         existing = self.store.versions(list(last))
         items = [(n, resources[n], existing.get(key, 0) + 1) for key, n in sorted(last.items(), key=lambda kv: kv[1])]
         ts = self._timestamp()  # one instant for the whole load
-        with self.store.bulk(reindex):
-            for records in prepared_records(self, items, ts, validate and self.config.validate, workers):
-                self.store.write(records)
-            self._generation += 1
+        bulk_write(self, items, ts, validate and self.config.validate, workers, reindex)
+        self._generation += 1
         dangling = self.store.query(
             "SELECT DISTINCT r.rtype, r.id, r.target_type, r.target_id FROM main.refs r "
             "WHERE NOT EXISTS (SELECT 1 FROM main.resources m WHERE m.rtype = r.target_type AND m.id = r.target_id "
@@ -499,8 +508,7 @@ class FhirServer:
         params = parse_qsl(query, keep_blank_values=True)
         if not params:
             raise bad_request("Conditional operation needs search parameters")
-        sreq = self.search_engine.parse(rtype, params)
-        return self.search_engine.ids(self.store, sreq)
+        return self.search_engine.find(self.store, rtype, params)
 
     def _if_match(self, req: Request) -> int | None:
         value = req.headers.get("if-match")
@@ -517,7 +525,7 @@ class FhirServer:
             raise FhirError(405, f"PUT /{rtype} needs an id or search parameters (conditional update)", "not-supported")
         body = self._resource_body(req, rtype)
         with self.store.transaction():
-            matches = self.search_engine.ids(self.store, self.search_engine.parse(rtype, req.query))
+            matches = self.search_engine.find(self.store, rtype, req.query)
             if len(matches) > 1:
                 raise FhirError(412, f"Conditional update matched {len(matches)} resources", "multiple-matches")
             if not matches:
@@ -549,7 +557,7 @@ class FhirServer:
             raise FhirError(405, f"DELETE /{rtype} needs an id or search parameters (conditional delete)",
                             "not-supported")
         with self.store.transaction():
-            matches = self.search_engine.ids(self.store, self.search_engine.parse(rtype, query))
+            matches = self.search_engine.find(self.store, rtype, query)
             if len(matches) > 1:
                 raise FhirError(412, f"Conditional delete matched {len(matches)} resources", "multiple-matches")
             if not matches:
@@ -589,9 +597,9 @@ class FhirServer:
             return True
         return self.config.lenient_search
 
-    def search(self, rtype: str, query: list[tuple[str, str]], lenient: bool = False) -> dict:
-        """Search and return the searchset Bundle (first page)."""
-        sreq = self.search_engine.parse(rtype, query, lenient)
+    def search(self, rtype: str, query: list[tuple[str, str]], lenient: bool = False, raw: bool = False) -> dict:
+        """Search and return the searchset Bundle (first page); ``raw``: see :attr:`Request.raw`."""
+        sreq = self.search_engine.parse(rtype, query, lenient, self.store.sides())
         ids = self.search_engine.ids(self.store, sreq)
         count = self._count(sreq.count)
         state = {
@@ -599,10 +607,10 @@ class FhirServer:
             "summary": sreq.summary, "elements": sreq.elements, "total": sreq.total, "ignored": sreq.ignored,
             "self": f"{self.base}/{rtype}" + (f"?{urlencode(query)}" if query else ""),
         }
-        return self._render_page(self._remember(state, query), state, 0)
+        return self._render_page(self._remember(state, query), state, 0, raw)
 
     def _search(self, req: Request, rtype: str, query: list[tuple[str, str]]) -> Response:
-        return Response(200, self.search(rtype, query, self._lenient(req)))
+        return Response(200, self.search(rtype, query, self._lenient(req), req.raw))
 
     def _count(self, requested: int | None) -> int:
         if requested is None:
@@ -639,9 +647,9 @@ class FhirServer:
             return Response(200, self._render_everything(token, state, offset))
         if "history" in state:
             return Response(200, self._render_history(token, state, offset))
-        return Response(200, self._render_page(token, state, offset))
+        return Response(200, self._render_page(token, state, offset, req.raw))
 
-    def _render_page(self, token: str, state: dict, offset: int) -> dict:
+    def _render_page(self, token: str, state: dict, offset: int, raw: bool = False) -> dict:
         ids: list[str] = state["ids"]
         count: int = state["count"]
         rtype = state["rtype"]
@@ -663,9 +671,9 @@ class FhirServer:
         for rid in page_ids:
             data = found.get(rid)
             if data is not None:
-                entries.append(self._entry(rtype, rid, orjson.loads(data), "match", state))
-        for t, i, body in self._includes(matched, state["include"], state["revinclude"]):
-            entries.append(self._entry(t, i, body, "include", state))
+                entries.append(self._entry(rtype, rid, data, "match", state, raw))
+        for t, i, data in self._includes(matched, state["include"], state["revinclude"]):
+            entries.append(self._entry(t, i, data, "include", state, raw))
         entries.extend(ignored)
         if entries:
             bundle["entry"] = entries
@@ -689,8 +697,12 @@ class FhirServer:
         issues = [Issue("warning", "not-supported", f"Ignored search parameter {msg}") for msg in state["ignored"]]
         return [{"resource": operation_outcome(issues), "search": {"mode": "outcome"}}]
 
-    def _entry(self, rtype: str, rid: str, body: dict, mode: str, state: dict) -> dict:
-        body = self._subset(body, state.get("summary"), state.get("elements"))
+    def _entry(self, rtype: str, rid: str, data: bytes, mode: str, state: dict, raw: bool) -> dict:
+        summary, elements = state.get("summary"), state.get("elements")
+        if raw and summary in (None, "false") and not elements:
+            body: dict | orjson.Fragment = orjson.Fragment(data)  # stored JSON, spliced in as is
+        else:
+            body = self._subset(orjson.loads(data), summary, elements)
         return {"fullUrl": f"{self.base}/{rtype}/{rid}", "resource": body, "search": {"mode": mode}}
 
     def _subset(self, body: dict, summary: str | None, elements: list[str] | None) -> dict:
@@ -735,9 +747,11 @@ class FhirServer:
         el = self._element_def(rtype, key)
         return bool(el and el.min > 0)
 
-    def _includes(self, matched: list[tuple[str, str]], include: list, revinclude: list) -> list[tuple[str, str, dict]]:
+    def _includes(self, matched: list[tuple[str, str]], include: list, revinclude: list
+                  ) -> list[tuple[str, str, bytes]]:
+        """(type, id, stored JSON) of the resources ``_include`` / ``_revinclude`` add to a page."""
         seen = set(matched)
-        out: list[tuple[str, str, dict]] = []
+        out: list[tuple[str, str, bytes]] = []
         frontier = list(matched)
         rounds = 0
         first = True
@@ -774,7 +788,7 @@ class FhirServer:
                 bodies = self.search_engine.fetch(self.store, t, ids)
                 for i in ids:
                     if i in bodies:
-                        out.append((t, i, orjson.loads(bodies[i])))
+                        out.append((t, i, bodies[i]))
             frontier = found
             first = False
             include = [x for x in include if x[3]]
