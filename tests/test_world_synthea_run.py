@@ -156,3 +156,61 @@ def test_patched_synthea_writes_the_same_patients(tmp_path):
     patched = _run([sys.executable, "-m", "fhirgym.world._synthea_run", "--threads", "2"], tmp_path / "patched")
     assert len(plain) == 2
     assert patched == plain
+
+
+def test_facilities_are_parsed_once_then_copied(monkeypatch):
+    from synthea.world.location import Location
+    from synthea.world.provider import ProviderManager
+
+    original = ProviderManager._load_facilities
+    monkeypatch.setattr(_synthea_run, "_facilities", {})
+    monkeypatch.setattr(_synthea_run, "_original_load_facilities", original)
+    location = Location()
+    location.set_state("Massachusetts")
+
+    def loaded() -> ProviderManager:
+        manager = ProviderManager(seed=1)
+        manager.load(location)
+        return manager
+
+    plain = loaded()
+    monkeypatch.setattr(ProviderManager, "_load_facilities", _synthea_run.load_facilities)
+    first, second = loaded(), loaded()
+    assert len(_synthea_run._facilities) == 1  # the second load parsed nothing
+    assert plain.providers and list(first.providers.items()) == list(plain.providers.items())
+    assert list(second.providers.items()) == list(plain.providers.items())
+    assert all(a is not b for a, b in zip(first.providers.values(), second.providers.values(), strict=True))
+
+
+@pytest.fixture(scope="module")
+def generator():
+    from synthea.engine.generator import Generator, GeneratorOptions
+
+    options = GeneratorOptions()
+    options.seed = options.clinician_seed = 3
+    options.state = "Massachusetts"
+    options.reference_date, options.reference_date_explicit = datetime(2025, 6, 2), True
+    return Generator(options)
+
+
+def _life(generator, index: int) -> tuple[list, str]:
+    """A patient's attributes (in insertion order, objects by type) and FHIR bundle, as JSON text."""
+    from synthea.export.fhir import FHIRExporter
+
+    person = generator.generate_person(index)
+    simple = (str, int, float, bool, datetime, timedelta, type(None))
+    attributes = [(k, v if isinstance(v, simple) else type(v).__name__) for k, v in person.attributes.items()]
+    exporter = next(e for e in generator.exporter.patient_exporters if isinstance(e, FHIRExporter))
+    return attributes, json.dumps(exporter.create_bundle(person), default=str, sort_keys=True)
+
+
+@pytest.mark.parametrize("index", [1, pytest.param(3, marks=pytest.mark.slow)])  # aged 2 and 44
+def test_patched_simulation_lives_the_same_life(generator, monkeypatch, index):
+    """Module.process, the inline Delay and Guard steps, and the rest leave the same patient behind."""
+    plain = _life(generator, index)
+    for owner, name, replacement in _synthea_run.replacements():
+        monkeypatch.setattr(owner, name, replacement)
+    patched = _life(generator, index)
+    assert len(plain[0]) > 1000 and '"resourceType": "Encounter"' in plain[1]
+    assert patched[0] == plain[0]
+    assert patched[1] == plain[1]
