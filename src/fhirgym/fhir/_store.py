@@ -492,16 +492,14 @@ class Store:
     def _copy_piece(self, name: str, ranges: dict[str, tuple[int, int]]) -> None:
         conn = self.conn
         lo, hi = ranges["resources"]
-        newer = (f"(rtype, id) IN (SELECT rtype, id FROM {name}.resources "
-                 f"WHERE rowid BETWEEN {lo} AND {hi} AND version > 1)")
-        if conn.execute(f"SELECT EXISTS (SELECT 1 FROM {name}.resources WHERE rowid BETWEEN {lo} AND {hi} "
-                        "AND version > 1)").fetchone()[0]:
+        later = f"FROM {name}.resources WHERE rowid BETWEEN {lo} AND {hi} AND version > 1"  # later versions
+        if conn.execute(f"SELECT EXISTS (SELECT 1 {later})").fetchone()[0]:
             conn.execute(  # in the chunk's order, as write() moves them
                 "INSERT OR IGNORE INTO main.history SELECT m.rtype, m.id, m.version, m.last_updated, m.method, m.json "
                 f"FROM {name}.resources w JOIN main.resources m ON m.rtype = w.rtype AND m.id = w.id "
                 f"WHERE w.rowid BETWEEN {lo} AND {hi} AND w.version > 1 ORDER BY w.rowid")
             for table in CURRENT_TABLES:
-                conn.execute(f"DELETE FROM main.{table} WHERE {newer}")
+                conn.execute(f"DELETE FROM main.{table} WHERE (rtype, id) IN (SELECT rtype, id {later})")
         for table in ("resources", *CURRENT_TABLES):
             if table in ranges:
                 lo, hi = ranges[table]

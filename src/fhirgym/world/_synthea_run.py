@@ -169,6 +169,17 @@ def _state_entry(module: Any, entries: dict[str, tuple], name: str) -> tuple | N
     return entry
 
 
+def _record_visit(person_dict: dict, attributes: dict, entry: tuple, time: datetime) -> None:
+    """What ``Module._process`` records on entering a state of a top-level module (no module above it
+    to record the visit against first): the next visit number, then the state's ``_visited``,
+    ``_visited_at`` and ``_visited_seq`` attributes (``entry`` from :func:`_state_entry`)."""
+    seq = person_dict.get("_visit_seq", 0) + 1
+    person_dict["_visit_seq"] = seq
+    attributes[entry[1]] = True
+    attributes[entry[2]] = time
+    attributes[entry[3]] = seq
+
+
 def process(self: Any, person: Any, time: datetime) -> bool:
     """``Module.process``: the module's current state, then :func:`_run_states` from it."""
     keys = _module_keys(self)
@@ -224,7 +235,7 @@ def _run_states(self: Any, person: Any, time: datetime, current_state_name: str,
                     attributes[visit[0]] = True
                     attributes[visit[1]] = now
                     attributes[visit[2]] = seq
-            attributes[entry[1]] = True  # stack[-1] is this module
+            attributes[entry[1]] = True  # stack[-1] is this module, recorded after those above it
             attributes[entry[2]] = now
             attributes[entry[3]] = seq
             completed = state.run(person, now)
@@ -279,13 +290,7 @@ def _guard_step(module: Any, person: Any, time: datetime, current: str, stack: l
     """What :func:`process` does for a module in a plain Guard state, called from the top level."""
     stack.append(module.name)
     try:
-        person_dict = person.__dict__
-        seq = person_dict.get("_visit_seq", 0) + 1
-        person_dict["_visit_seq"] = seq
-        attributes = person.attributes
-        attributes[entry[1]] = True
-        attributes[entry[2]] = time
-        attributes[entry[3]] = seq
+        _record_visit(person.__dict__, person.attributes, entry, time)
         definition = entry[0].definition
         if "allow" not in definition or _Logic.test(definition["allow"], person, time):
             _run_states(module, person, time, current, stack, keys, True)
@@ -344,11 +349,7 @@ def simulate_life(self: Any, person: Any) -> None:
                     delays = attributes.get(waits)
                     name = entry[0].name
                     if type(delays) is dict and name in delays and not current_time >= delays[name]:
-                        seq = person_dict.get("_visit_seq", 0) + 1
-                        person_dict["_visit_seq"] = seq
-                        attributes[entry[1]] = True
-                        attributes[entry[2]] = current_time
-                        attributes[entry[3]] = seq
+                        _record_visit(person_dict, attributes, entry, current_time)
                         attributes[keys[0]] = current
                         continue
             try:
