@@ -864,6 +864,31 @@ def test_deep_chains_are_answered_not_crashed(clinic):
     _error(c.search("Observation", {"patient.organization.partof.partof.partof.partof.name": "x"}), 400, "too deep")
 
 
+def test_pristine_world_searches_skip_the_resource_table_and_keep_the_order(tmp_path):
+    """On a base loaded at one instant with an empty layer, ids come from the index alone, ordered by id:
+    the same list, in the same order, as the general plan's (lastUpdated, id)."""
+    obs = [{"resourceType": "Observation", "id": f"o{n:02d}", "status": "final" if n % 3 else "amended",
+            "code": {"coding": [_coding("http://loinc.org", f"c{n % 4}")]},
+            "subject": {"reference": f"Patient/p{n % 5}" if n != 7 else "Patient/ghost"}} for n in range(40)]
+    patients = [{"resourceType": "Patient", "id": f"p{n}", "name": [{"family": f"Fam{n % 2}"}]} for n in range(5)]
+    builder = Store()
+    assert len(FhirServer(builder).load([*reversed(obs), *patients])) == 1  # Patient/ghost dangles
+    builder.export(tmp_path / "w.db")
+    store = Snapshot(tmp_path / "w.db").open()
+    assert store.uniform_base and store.sides() == ("base",)
+    engine = FhirServer(store).search_engine
+    queries = [("Observation", [("code", "http://loinc.org|c1")]), ("Observation", [("subject", "Patient/p2")]),
+               ("Observation", [("status:not", "final"), ("code", "c2,c3")]), ("Observation", [("subject.family", "fam1")]),
+               ("Patient", [("_has:Observation:subject:status", "final")]), ("Patient", [("family", "fam0")]),
+               ("Observation", [("status:missing", "false")])]
+    for rtype, q in queries:
+        fast = engine.ids(store, engine.parse(rtype, q, sides=store.sides()))
+        general = engine.ids(store, engine.parse(rtype, q, sides=("main", "base")))
+        assert fast == general and fast == sorted(fast) and len(fast) > 0, (rtype, q)
+    assert "ghost" not in engine.ids(store, engine.parse("Patient", [("_has:Observation:subject:status", "final")],
+                                                          sides=store.sides()))
+
+
 # ---------------------------------------------------------------------------------------------------
 # layered stores: a fork of a base sees base data and its own writes, never stale base index rows
 # ---------------------------------------------------------------------------------------------------

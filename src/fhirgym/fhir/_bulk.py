@@ -9,6 +9,7 @@ Python per row) before the indexes are built once. Nothing reaches the store unl
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import sqlite3
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from .._gc import gc_paused
 from ._errors import FhirError, invalid_resource
 from ._store import CURRENT_TABLES, Record, create_tables, insert_records
 
@@ -47,6 +49,7 @@ def _init_worker(base_url: str, validate: bool, folder: str) -> None:
 
     _WORKER = FhirServer(Store(), config=ServerConfig(base_url=base_url, validate=validate))
     _FOLDER = Path(folder)
+    gc.freeze()  # the spec's objects live as long as the worker: no collection needs to walk them
 
 
 def _prepare(server: FhirServer, items: list[Item], ts: str, validate: bool) -> Prepared:
@@ -67,7 +70,8 @@ def _write_in_worker(payload: bytes, ts: str, validate: bool) -> Piece | tuple[i
     errors) of its first invalid resource."""
     global _CONN
     assert _WORKER is not None and _FOLDER is not None
-    result = _prepare(_WORKER, [(n, res, v) for n, res, v in orjson.loads(payload)], ts, validate)
+    with gc_paused():
+        result = _prepare(_WORKER, [(n, res, v) for n, res, v in orjson.loads(payload)], ts, validate)
     if isinstance(result, tuple):
         return result
     path = _FOLDER / f"worker-{os.getpid()}.db"
@@ -85,16 +89,21 @@ def _write_in_worker(payload: bytes, ts: str, validate: bool) -> Piece | tuple[i
     return path, {t: (b + 1, a) for t, b, a in zip(tables, before, after) if a > b}
 
 
-def bulk_write(server: FhirServer, items: list[Item], ts: str, validate: bool, workers: int,
-               reindex: bool = True, chunk: int = 500) -> None:
+def bulk_write(server: FhirServer, items: list[Item], ts: str, validate: bool, workers: int, chunk: int = 500
+               ) -> None:
     """Validate, index and store ``items`` in one bulk transaction of ``server.store``.
 
     Raises 422 for the invalid resource that comes first in the input, and then stores nothing.
     """
+    with gc_paused():
+        _bulk_write(server, items, ts, validate, workers, chunk)
+
+
+def _bulk_write(server: FhirServer, items: list[Item], ts: str, validate: bool, workers: int, chunk: int) -> None:
     chunks = [items[i : i + chunk] for i in range(0, len(items), chunk)]
     workers = min(workers, os.cpu_count() or 1, len(chunks), MAX_WORKERS)
     if workers <= 1:
-        with server.store.bulk(reindex):  # an invalid chunk raises inside: the whole load rolls back
+        with server.store.bulk():  # an invalid chunk raises inside: the whole load rolls back
             for c in chunks:
                 server.store.write(_check(_prepare(server, c, ts, validate)))
         return
@@ -113,7 +122,7 @@ def bulk_write(server: FhirServer, items: list[Item], ts: str, validate: bool, w
         failures = [r for r in results if isinstance(r[0], int)]
         if failures:
             _check(min(failures, key=lambda failure: failure[0]))
-        server.store.copy_in([r for r in results if isinstance(r[0], Path)], reindex)
+        server.store.copy_in([r for r in results if isinstance(r[0], Path)])
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import orjson
+
 from ..spec import SearchParam, Spec
 from ._errors import FhirError, bad_request
 from ._store import BOTH, INDEX_TABLES, TABLE_FOR_TYPE, Store, merged
@@ -145,6 +147,9 @@ class Criterion:
 
     positive: bool
     sql: str
+    #: the ids are index rows of the searched type, hence of its current, live resources (not so for
+    #: ``_has``, whose ids are reference targets, which may be missing or deleted)
+    own: bool = True
 
 
 @dataclass
@@ -398,7 +403,8 @@ class SearchEngine:
             f"rtype = {P(src)} AND param = {P(ref_code)} AND target_type = {P(rtype)} "
             f"AND id IN (SELECT id FROM {src_ids})"
         )
-        return Criterion(True, f"SELECT target_id AS id FROM ({P.merged('ix_reference', where, 'target_id, id, rtype')})")
+        return Criterion(True, f"SELECT target_id AS id FROM ({P.merged('ix_reference', where, 'target_id, id, rtype')})",
+                         own=False)
 
     # -- value predicates per type -----------------------------------------------------------------
     def _value_pred(self, rtype: str, p: SearchParam, modifier: str, raw: str, P: SqlParams,
@@ -591,6 +597,13 @@ class SearchEngine:
     def ids(self, store: Store, req: SearchRequest) -> list[str]:
         """All matching ids of ``req.rtype`` in result order."""
         P = req.params
+        positive = [c for c in req.where if c.positive]
+        if not req.sort and P.sides == ("base",) and store.uniform_base and positive and positive[0].own:
+            # a pristine world: the default order (lastUpdated, id) is the id order, and the matching ids
+            # (index rows of this type: live resources) need no look-up in the resource table
+            ids = P.cte(self.id_set(req.rtype, req.where, P))
+            return [row[0] for row in store.query(f"WITH {', '.join(P.ctes)} SELECT DISTINCT id FROM {ids} ORDER BY id",
+                                                  P.values)]
         t = P(req.rtype)
         where = f"rtype = {t}"
         if req.where:
@@ -635,16 +648,13 @@ class SearchEngine:
         )
 
     def fetch(self, store: Store, rtype: str, ids: list[str]) -> dict[str, bytes]:
-        """JSON of the given current resources of one type (missing ones are simply absent)."""
-        sides = store.sides()
-        out: dict[str, bytes] = {}
-        for start in range(0, len(ids), 500):
-            chunk = ids[start : start + 500]
-            P = SqlParams(sides)
-            marks = ", ".join(P(i) for i in chunk)
-            sql = f"SELECT id, json FROM ({P.merged('resources', f'rtype = {P(rtype)} AND id IN ({marks})', 'id, json')})"
-            out.update(store.query(sql, P.values))
-        return out
+        """JSON of the given current resources of one type (missing ones are simply absent).
+
+        The ids travel as one JSON array parameter: the SQL text is the same for every page, so SQLite
+        reuses the prepared statement (a page of 50 as 50 parameters cost 60 % more)."""
+        P = SqlParams(store.sides())
+        where = f"rtype = {P(rtype)} AND id IN (SELECT value FROM json_each({P(orjson.dumps(ids).decode())}))"
+        return dict(store.query(f"SELECT id, json FROM ({P.merged('resources', where, 'id, json')})", P.values))
 
     def references_from(self, store: Store, rtype: str, ids: list[str], code: str, target: str | None
                         ) -> list[tuple[str, str]]:

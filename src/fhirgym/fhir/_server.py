@@ -448,17 +448,15 @@ class FhirServer:
         self._store_write(rec)
         return rec
 
-    def load(self, resources: list[dict], validate: bool = True, workers: int = 1, reindex: bool = True
-             ) -> list[Issue]:
+    def load(self, resources: list[dict], validate: bool = True, workers: int = 1) -> list[Issue]:
         """Bulk-load resources (keeping their ids) in one transaction; the fast path for worlds and benches.
 
         Every resource is validated (unless ``validate`` is False) and indexed like any write; a resource
         repeated in the input (same type and id) is stored once, as its last occurrence. ``workers`` > 1
-        validates, indexes and inserts in that many processes (see :mod:`._bulk`); ``reindex=False``
-        is for a store that will only be exported (see :meth:`Store.bulk`). References are checked
-        once at the end, against the whole loaded set. Returns the dangling-reference issues (empty
-        when the data is closed); raises a 422 FhirError on the first invalid resource and then stores
-        nothing.
+        validates, indexes and inserts in that many processes (see :mod:`._bulk`). References are
+        checked once at the end, against the whole loaded set. Returns the dangling-reference issues
+        (empty when the data is closed); raises a 422 FhirError on the first invalid resource and then
+        stores nothing.
         """
         from ._bulk import bulk_write
 
@@ -474,7 +472,7 @@ class FhirServer:
         existing = self.store.versions(list(last))
         items = [(n, resources[n], existing.get(key, 0) + 1) for key, n in sorted(last.items(), key=lambda kv: kv[1])]
         ts = self._timestamp()  # one instant for the whole load
-        bulk_write(self, items, ts, validate and self.config.validate, workers, reindex)
+        bulk_write(self, items, ts, validate and self.config.validate, workers)
         self._generation += 1
         dangling = self.store.query(
             "SELECT DISTINCT r.rtype, r.id, r.target_type, r.target_id FROM main.refs r "
@@ -665,15 +663,12 @@ class FhirServer:
             return bundle
         page_ids = ids[offset : offset + count]
         bundle["link"] = self._page_links(token, state, offset, len(ids))
-        entries = []
+        entry = self._entry_maker(state, raw)
         found = self.search_engine.fetch(self.store, rtype, page_ids)
         matched = [(rtype, i) for i in page_ids if i in found]
-        for rid in page_ids:
-            data = found.get(rid)
-            if data is not None:
-                entries.append(self._entry(rtype, rid, data, "match", state, raw))
+        entries = [entry(t, i, found[i], "match") for t, i in matched]
         for t, i, data in self._includes(matched, state["include"], state["revinclude"]):
-            entries.append(self._entry(t, i, data, "include", state, raw))
+            entries.append(entry(t, i, data, "include"))
         entries.extend(ignored)
         if entries:
             bundle["entry"] = entries
@@ -697,13 +692,20 @@ class FhirServer:
         issues = [Issue("warning", "not-supported", f"Ignored search parameter {msg}") for msg in state["ignored"]]
         return [{"resource": operation_outcome(issues), "search": {"mode": "outcome"}}]
 
-    def _entry(self, rtype: str, rid: str, data: bytes, mode: str, state: dict, raw: bool) -> dict:
+    def _entry_maker(self, state: dict, raw: bool) -> Callable[[str, str, bytes, str], dict]:
+        """The function turning (type, id, stored JSON, search mode) into a Bundle entry for one page."""
+        base = self.base
         summary, elements = state.get("summary"), state.get("elements")
-        if raw and summary in (None, "false") and not elements:
-            body: dict | orjson.Fragment = orjson.Fragment(data)  # stored JSON, spliced in as is
+        if summary in (None, "false") and not elements:
+            body = orjson.Fragment if raw else orjson.loads  # raw: the stored JSON, spliced in as is
         else:
-            body = self._subset(orjson.loads(data), summary, elements)
-        return {"fullUrl": f"{self.base}/{rtype}/{rid}", "resource": body, "search": {"mode": mode}}
+            def body(data: bytes) -> dict:
+                return self._subset(orjson.loads(data), summary, elements)
+
+        def entry(rtype: str, rid: str, data: bytes, mode: str) -> dict:
+            return {"fullUrl": f"{base}/{rtype}/{rid}", "resource": body(data), "search": {"mode": mode}}
+
+        return entry
 
     def _subset(self, body: dict, summary: str | None, elements: list[str] | None) -> dict:
         if summary in (None, "false") and not elements:

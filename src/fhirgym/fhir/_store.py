@@ -174,17 +174,29 @@ class Store:
         self.path = Path(path) if path else None
         self.lock = threading.RLock()
         self._depth = 0
+        if snapshot is not None and snapshot.layer is not None and self.path is not None:
+            raise ValueError("a snapshot with a layer opens in memory only")
+        if self.base is not None and not self.base.is_file():
+            raise FileNotFoundError(f"base database {self.base} does not exist")
+        self.conn = conn = self._connect(snapshot.layer if snapshot is not None else None, durable)
+        # the base never changes once attached (a read-only file, or an empty in-memory schema)
+        self._base_rows = conn.execute("SELECT EXISTS (SELECT 1 FROM base.resources)").fetchone()[0] == 1
+        #: every base resource has the same lastUpdated (true of worlds: loaded at one instant); two
+        #: lookups in the ``last_updated`` index
+        self.uniform_base = self._base_rows and conn.execute(
+            "SELECT min(last_updated) = max(last_updated) FROM base.resources").fetchone()[0] == 1
+
+    def _connect(self, layer: bytes | None, durable: bool = True) -> sqlite3.Connection:
+        """A connection with the layer (``layer``: a serialized one; else empty, or the file at ``path``)
+        and the base attached."""
         conn = sqlite3.connect(
             str(self.path) if self.path else ":memory:",
             isolation_level=None,
             check_same_thread=False,
             cached_statements=1024,
         )
-        self.conn = conn
-        if snapshot is not None and snapshot.layer is not None:
-            if self.path is not None:
-                raise ValueError("a snapshot with a layer opens in memory only")
-            conn.deserialize(snapshot.layer)
+        if layer is not None:
+            conn.deserialize(layer)
         elif self.path is None:
             conn.deserialize(_empty_layer())
         else:
@@ -197,16 +209,13 @@ class Store:
             for stmt in _schema():
                 conn.execute(stmt)
         if self.base is not None:
-            if not self.base.is_file():
-                raise FileNotFoundError(f"base database {self.base} does not exist")
             conn.execute("ATTACH DATABASE ? AS base", ("file:" + str(self.base) + "?mode=ro&immutable=1",))
             conn.execute("PRAGMA base.mmap_size=1073741824")
         else:
             conn.execute("ATTACH DATABASE ':memory:' AS base")
             for stmt in _schema("base"):
                 conn.execute(stmt)
-        # the base never changes once attached (a read-only file, or an empty in-memory schema)
-        self._base_rows = conn.execute("SELECT EXISTS (SELECT 1 FROM base.resources)").fetchone()[0] == 1
+        return conn
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def close(self) -> None:
@@ -242,7 +251,12 @@ class Store:
             if snapshot is not None and snapshot.base != self.base:
                 raise ValueError("reset to a snapshot of another base: open that snapshot instead")
             if snapshot is not None and snapshot.layer is not None:
-                self.conn.deserialize(snapshot.layer)
+                # a new connection, not deserialize() into this one: SQLite 3.40 keeps pointers into the
+                # replaced schema for the eponymous virtual tables (json_each) a connection has used, and
+                # a later statement read freed memory (valgrind; a crash in the test suite)
+                fresh = self._connect(snapshot.layer)
+                self.conn.close()
+                self.conn = fresh
                 return
             self.conn.execute("BEGIN")
             for table in ("resources", "history", "meta", *CURRENT_TABLES):
@@ -296,25 +310,34 @@ class Store:
             for stmt in _schema():
                 if stmt.startswith("CREATE INDEX"):
                     fin.execute(stmt)
-            fin.execute("ANALYZE")
-            fin.commit()
+            _analyze(fin)
             fin.close()
-            with open(tmp, "rb+") as fh:  # the one fsync: the file is complete before it is renamed
-                os.fsync(fh.fileno())
-            os.replace(tmp, target)
+            _publish(Path(tmp), target)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
 
+    def finish(self, path: str | os.PathLike) -> None:
+        """Make this file-backed store's own file the base file at ``path`` and close the store.
+
+        What :meth:`export` gives, without copying: for a store that was filled from empty (a world
+        build), whose file already is the merged state. Statistics are gathered, the file is synced and
+        renamed over ``path`` atomically.
+        """
+        with self.lock:
+            if self.path is None or self._base_rows or self._depth:
+                raise ValueError("finish() needs a file-backed store on an empty base, outside a transaction")
+            _analyze(self.conn)
+            self.conn.close()
+            _publish(self.path, Path(path))
+
     @contextlib.contextmanager
-    def bulk(self, reindex: bool = True) -> Iterator[None]:
+    def bulk(self) -> Iterator[None]:
         """A transaction for large loads: secondary indexes are dropped and rebuilt once at the end.
 
         Building an index once from sorted data is several times faster than maintaining it row by
         row; this is what makes world builds and bulk loads fast. Atomic like :meth:`transaction`.
-        ``reindex=False`` leaves them dropped: for a scratch store that is only :meth:`export`-ed
-        (the exported file gets its indexes), which saves building them twice.
         """
         with self.lock:
             if self._depth:
@@ -327,10 +350,9 @@ class Store:
                 try:
                     yield
                 finally:
-                    if reindex:
-                        for stmt in _schema():
-                            if stmt.startswith("CREATE INDEX"):
-                                self.conn.execute(stmt)
+                    for stmt in _schema():
+                        if stmt.startswith("CREATE INDEX"):
+                            self.conn.execute(stmt)
 
     # -- transactions ------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -467,7 +489,7 @@ class Store:
                     conn.executemany(f"DELETE FROM main.{table} WHERE rtype=? AND id=?", moved)
             insert_records(conn, records)
 
-    def copy_in(self, pieces: list[tuple[Path, dict[str, tuple[int, int]]]], reindex: bool = True) -> None:
+    def copy_in(self, pieces: list[tuple[Path, dict[str, tuple[int, int]]]]) -> None:
         """Add rows that bulk workers wrote into their own files (:func:`insert_records`), as one bulk load.
 
         ``pieces``: (file, {table: (first rowid, last rowid)}) of each chunk, in input order, so rows land
@@ -482,7 +504,7 @@ class Store:
             for path, name in names.items():
                 self.conn.execute(f"ATTACH DATABASE ? AS {name}", (str(path),))
             try:
-                with self.bulk(reindex):
+                with self.bulk():
                     for path, ranges in pieces:
                         self._copy_piece(names[path], ranges)
             finally:
@@ -507,6 +529,21 @@ class Store:
                 conn.execute(f"{verb} INTO main.{table} SELECT * FROM {name}.{table} WHERE rowid BETWEEN {lo} AND {hi}")
 
 
+def _analyze(conn: sqlite3.Connection) -> None:
+    """Planner statistics for a base file. Sampled (``analysis_limit``): a full ANALYZE reads every index
+    of a 100-patient world (3 s); the planner needs their shape, not exact counts."""
+    conn.execute("PRAGMA analysis_limit=2000")
+    conn.execute("ANALYZE")
+    conn.commit()
+
+
+def _publish(tmp: Path, target: Path) -> None:
+    """The one fsync, then the rename: ``target`` is either the old file or the complete new one."""
+    with open(tmp, "rb+") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, target)
+
+
 def create_tables(conn: sqlite3.Connection) -> None:
     """The store's tables without their indexes: a file that bulk workers fill for :meth:`Store.copy_in`."""
     for stmt in _schema():
@@ -528,12 +565,12 @@ def insert_records(conn: sqlite3.Connection, records: list[Record]) -> None:
             index_rows[table].extend((r.rtype, r.id, *row) for row in rows)
         ref_rows.extend((r.rtype, r.id, t, i) for t, i in r.refs)
     conn.executemany("INSERT OR REPLACE INTO main.resources VALUES (?, ?, ?, ?, ?, ?, ?)", res_rows)
+    if ref_rows:  # the tables in CURRENT_TABLES order, as copy_in fills them: the same file either way
+        conn.executemany("INSERT INTO main.refs VALUES (?, ?, ?, ?)", ref_rows)
     for table, rows in index_rows.items():
         if rows:
             marks = ", ".join("?" * len(rows[0]))
             conn.executemany(f"INSERT INTO main.{table} VALUES ({marks})", rows)
-    if ref_rows:
-        conn.executemany("INSERT INTO main.refs VALUES (?, ?, ?, ?)", ref_rows)
 
 
 @dataclass(slots=True)

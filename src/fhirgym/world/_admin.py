@@ -51,7 +51,6 @@ about insurance (and "patient without coverage" exists); if they stay, patients 
 from __future__ import annotations
 
 import copy
-import gc
 import random
 from collections import defaultdict
 from collections.abc import Callable
@@ -60,6 +59,7 @@ from datetime import date, timedelta
 
 import orjson
 
+from .._gc import gc_paused
 from ._context import WorldContext
 
 SNOMED = "http://snomed.info/sct"
@@ -427,13 +427,8 @@ def generate(ctx: WorldContext) -> list[dict]:
     Deterministic in (``ctx.seed``, ``ctx.anchor``, the resources already in ``ctx``). Amends only the
     type of Synthea's insurer Organizations (adds ``pay``). See the module docstring for conventions.
     """
-    paused = gc.isenabled()
-    gc.disable()  # ~15k new dicts would trigger full collections over the whole (large) Synthea heap
-    try:
+    with gc_paused():  # ~15k new dicts would trigger full collections over the whole (large) Synthea heap
         return _generate(ctx)
-    finally:
-        if paused:
-            gc.enable()
 
 
 def _generate(ctx: WorldContext) -> list[dict]:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import orjson
 
+from .._gc import gc_paused
 from ..fhir import FhirError, FhirServer, Issue, ServerConfig, Snapshot, Store
 from ..fhir._refs import rewrite_references
 from ..spec import cache_dir, file_sha256
@@ -157,11 +158,14 @@ def generate_resources(seed: int, patients: int, anchor: date, timings: dict[str
 
 def store_world(resources: list[dict], path: Path, manifest: dict, workers: int = 2,
                 anchor: date | None = None, timings: dict[str, float] | None = None) -> ValidationReport:
-    """Validate, load and export resources as a base file at ``path`` (nothing written if invalid)."""
+    """Validate and load resources into a new base file at ``path`` (nothing written if invalid).
+
+    The store is built in a scratch file next to ``path`` (not memory: in-memory SQLite databases stop
+    at 1 GiB, a 100-patient world is larger) that becomes the world file once complete.
+    """
     frozen = datetime.combine(anchor or DEFAULT_ANCHOR, datetime.min.time(), tzinfo=UTC)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="fhirgym-build-", dir=path.parent) as tmp:
-        # a scratch file, not memory: in-memory SQLite databases stop at 1 GiB, a 100-patient world is larger
         store = Store(path=Path(tmp) / "build.db", durable=False)
         try:
             return _store_world(store, resources, path, manifest, workers, frozen, timings)
@@ -176,7 +180,7 @@ def _store_world(store: Store, resources: list[dict], path: Path, manifest: dict
     t = time.perf_counter()
     try:
         # validated once, in the load's worker processes (in parallel, next to the indexing)
-        dangling = server.load(resources, validate=True, workers=workers, reindex=False)
+        dangling = server.load(resources, validate=True, workers=workers)
     except FhirError:  # the load stops at the first invalid resource: report them all
         report = validate_resources(server, resources)
         timings["validate"] = time.perf_counter() - t
@@ -190,8 +194,8 @@ def _store_world(store: Store, resources: list[dict], path: Path, manifest: dict
     manifest = {**manifest, "counts": store.counts()}
     store.set_meta(META_KEY, orjson.dumps(manifest, option=orjson.OPT_SORT_KEYS).decode())
     t = time.perf_counter()
-    store.export(path)
-    timings["export"] = time.perf_counter() - t
+    store.finish(path)
+    timings["finish"] = time.perf_counter() - t
     return report
 
 
@@ -204,10 +208,12 @@ def build_world(seed: int = 42, patients: int = 100, anchor_date: date | str = D
     was_cached = use_cache and cached.is_file()
     timings: dict[str, float] = {}
     if not was_cached:
-        resources = generate_resources(seed, patients, anchor, timings)
-        manifest = {"seed": seed, "patients": patients, "anchor": anchor.isoformat(),
-                    "generator_version": GENERATOR_VERSION}
-        report = store_world(resources, cached, manifest, workers, anchor, timings)
+        with gc_paused():
+            resources = generate_resources(seed, patients, anchor, timings)
+            manifest = {"seed": seed, "patients": patients, "anchor": anchor.isoformat(),
+                        "generator_version": GENERATOR_VERSION}
+            report = store_world(resources, cached, manifest, workers, anchor, timings)
+            del resources
         if not report.ok:
             raise WorldBuildError(report)
     target = cached
@@ -246,9 +252,14 @@ def import_world(paths: list[str | Path], out: str | Path, workers: int = 2) -> 
     Synthea's one known R4 violation is repaired first (:func:`repair_bundle`); anything else invalid
     or dangling fails the import with the full report.
     """
+    with gc_paused():
+        return _import_world([Path(p) for p in paths], Path(out), workers)
+
+
+def _import_world(paths: list[Path], out: Path, workers: int) -> tuple[WorldInfo | None, ValidationReport]:
     bundles: list[dict] = []
     loose: list[dict] = []
-    for p in map(Path, paths):
+    for p in paths:
         files = sorted(p.rglob("*")) if p.is_dir() else [p]
         for f in files:
             if f.suffix == ".ndjson":
@@ -263,7 +274,7 @@ def import_world(paths: list[str | Path], out: str | Path, workers: int = 2) -> 
     counts = Counter(r.get("resourceType") for r in resources)
     manifest = {"imported_from": [str(p) for p in paths], "generator_version": GENERATOR_VERSION,
                 "input_counts": dict(sorted(counts.items()))}
-    report = store_world(resources, Path(out), manifest, workers)
+    report = store_world(resources, out, manifest, workers)
     if not report.ok:
         return None, report
     return world_info(out), report
