@@ -78,26 +78,12 @@ def check_format(value: str) -> None:
 
 def split_or(value: str) -> list[str]:
     """Split a parameter value on unescaped commas; ``\\,`` ``\\$`` ``\\|`` ``\\\\`` are escapes."""
-    parts: list[str] = []
-    cur: list[str] = []
-    i = 0
-    while i < len(value):
-        c = value[i]
-        if c == "\\" and i + 1 < len(value):
-            cur.append(c + value[i + 1])
-            i += 2
-            continue
-        if c == ",":
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(c)
-        i += 1
-    parts.append("".join(cur))
-    return parts
+    return _split_unescaped(value, ",")
 
 
 def _split_unescaped(value: str, sep: str) -> list[str]:
+    if "\\" not in value:  # the usual case: a plain split, not a walk over every character
+        return value.split(sep)
     out: list[str] = []
     cur: list[str] = []
     i = 0
@@ -118,6 +104,8 @@ def _split_unescaped(value: str, sep: str) -> list[str]:
 
 
 def unescape(value: str) -> str:
+    if "\\" not in value:
+        return value
     out: list[str] = []
     i = 0
     while i < len(value):
@@ -602,8 +590,8 @@ class SearchEngine:
             # a pristine world: the default order (lastUpdated, id) is the id order, and the matching ids
             # (index rows of this type: live resources) need no look-up in the resource table
             ids = P.cte(self.id_set(req.rtype, req.where, P))
-            return [row[0] for row in store.query(f"WITH {', '.join(P.ctes)} SELECT DISTINCT id FROM {ids} ORDER BY id",
-                                                  P.values)]
+            rows = store.query(f"WITH {', '.join(P.ctes)} SELECT id FROM {ids} ORDER BY id", P.values)
+            return list(dict.fromkeys(row[0] for row in rows))  # repeats dropped (cheaper than SQL DISTINCT)
         t = P(req.rtype)
         where = f"rtype = {t}"
         if req.where:

@@ -183,8 +183,9 @@ class Store:
         self._base_rows = conn.execute("SELECT EXISTS (SELECT 1 FROM base.resources)").fetchone()[0] == 1
         #: every base resource has the same lastUpdated (true of worlds: loaded at one instant); two
         #: lookups in the ``last_updated`` index
-        self.uniform_base = self._base_rows and conn.execute(
-            "SELECT min(last_updated) = max(last_updated) FROM base.resources").fetchone()[0] == 1
+        self.uniform_base = self._base_rows and conn.execute(  # two subqueries: SQLite's min/max shortcut
+            "SELECT (SELECT min(last_updated) FROM base.resources) = (SELECT max(last_updated) FROM base.resources)"
+        ).fetchone()[0] == 1
 
     def _connect(self, layer: bytes | None, durable: bool = True) -> sqlite3.Connection:
         """A connection with the layer (``layer``: a serialized one; else empty, or the file at ``path``)
