@@ -178,14 +178,27 @@ class Store:
             raise ValueError("a snapshot with a layer opens in memory only")
         if self.base is not None and not self.base.is_file():
             raise FileNotFoundError(f"base database {self.base} does not exist")
-        self.conn = conn = self._connect(snapshot.layer if snapshot is not None else None, durable)
+        self.conn = self._connect(snapshot.layer if snapshot is not None else None, durable)
         # the base never changes once attached (a read-only file, or an empty in-memory schema)
-        self._base_rows = conn.execute("SELECT EXISTS (SELECT 1 FROM base.resources)").fetchone()[0] == 1
-        #: every base resource has the same lastUpdated (true of worlds: loaded at one instant); two
-        #: lookups in the ``last_updated`` index
-        self.uniform_base = self._base_rows and conn.execute(  # two subqueries: SQLite's min/max shortcut
+        self._base_rows, self.uniform_base = self._base_facts()
+
+    def _base_facts(self) -> tuple[bool, bool]:
+        """Whether the base holds resources, and whether they all have the same lastUpdated (true of
+        worlds: loaded at one instant). Asked once per base file, not at every fork (0.2 ms of a 1.3 ms
+        fork): the file is immutable, and its size, mtime and inode name the version seen."""
+        key = None
+        if self.base is not None:
+            st = self.base.stat()
+            key = (str(self.base), st.st_size, st.st_mtime_ns, st.st_ino)
+            if key in _BASE_FACTS:
+                return _BASE_FACTS[key]
+        rows = self.conn.execute("SELECT EXISTS (SELECT 1 FROM base.resources)").fetchone()[0] == 1
+        uniform = rows and self.conn.execute(  # two subqueries: SQLite's min/max shortcut (one index lookup each)
             "SELECT (SELECT min(last_updated) FROM base.resources) = (SELECT max(last_updated) FROM base.resources)"
         ).fetchone()[0] == 1
+        if key is not None:
+            _BASE_FACTS[key] = (rows, uniform)
+        return rows, uniform
 
     def _connect(self, layer: bytes | None, durable: bool = True) -> sqlite3.Connection:
         """A connection with the layer (``layer``: a serialized one; else empty, or the file at ``path``)
@@ -590,6 +603,8 @@ class Record:
 
 
 _EMPTY_LAYER: bytes | None = None
+#: (base file, size, mtime, inode) → :meth:`Store._base_facts`
+_BASE_FACTS: dict[tuple, tuple[bool, bool]] = {}
 
 
 def _empty_layer() -> bytes:
