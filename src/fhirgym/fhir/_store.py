@@ -286,9 +286,7 @@ class Store:
         try:
             # tables first, indexes after the rows are in: one sorted build per index, not row-by-row
             out = sqlite3.connect(tmp, isolation_level=None)
-            for stmt in _schema():
-                if stmt.startswith("CREATE TABLE"):
-                    out.execute(stmt)
+            create_tables(out)
             out.close()
             with self.lock:
                 self.conn.execute("ATTACH DATABASE ? AS dest", (tmp,))
@@ -321,9 +319,7 @@ class Store:
             fin = sqlite3.connect(tmp, isolation_level=None)
             fin.execute("PRAGMA journal_mode=OFF")
             fin.execute("PRAGMA synchronous=OFF")
-            for stmt in _schema():
-                if stmt.startswith("CREATE INDEX"):
-                    fin.execute(stmt)
+            create_indexes(fin)
             _analyze(fin)
             fin.close()
             _publish(Path(tmp), target)
@@ -364,9 +360,7 @@ class Store:
                 try:
                     yield
                 finally:
-                    for stmt in _schema():
-                        if stmt.startswith("CREATE INDEX"):
-                            self.conn.execute(stmt)
+                    create_indexes(self.conn)
 
     # -- transactions ------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -559,9 +553,17 @@ def _publish(tmp: Path, target: Path) -> None:
 
 
 def create_tables(conn: sqlite3.Connection) -> None:
-    """The store's tables without their indexes: a file that bulk workers fill for :meth:`Store.copy_in`."""
+    """The store's tables without their indexes: a file that bulk workers fill for :meth:`Store.copy_in`,
+    or an exported base before its rows are in."""
     for stmt in _schema():
         if stmt.startswith("CREATE TABLE"):
+            conn.execute(stmt)
+
+
+def create_indexes(conn: sqlite3.Connection) -> None:
+    """The store's indexes, built once the rows are in (one sorted build each, not row by row)."""
+    for stmt in _schema():
+        if stmt.startswith("CREATE INDEX"):
             conn.execute(stmt)
 
 
