@@ -70,6 +70,64 @@ def test_parallel_load_rejects_the_first_invalid_resource_and_stores_nothing():
     assert store.counts() == {}
 
 
+def test_a_scratch_store_is_loaded_in_place_by_the_workers_like_a_serial_load(tmp_path):
+    # a world build's store: the workers write straight into its file (no copy), chunk by chunk in order
+    data = _resources(400)
+    stores = [Store(path=tmp_path / f"{w}.db", durable=False) for w in (1, 2)]
+    for workers, store in zip((1, 2), stores):
+        assert store.can_share_bulk()
+        assert FhirServer(store, config=CLOCK).load(data, workers=workers) == []
+    assert _rows(stores[0]) == _rows(stores[1]) and len(_rows(stores[1])["resources"]) == len(data)
+    indexes = [store.query("SELECT name FROM main.sqlite_master WHERE type = 'index' AND sql IS NOT NULL "
+                           "ORDER BY name") for store in stores]
+    assert indexes[0] == indexes[1] and ("ix_token_res",) in indexes[1] and ("ix_uri_res",) not in indexes[1]
+    client = InProcessClient(FhirServer(stores[1], config=CLOCK))
+    bundle = client.search("Observation", {"patient": "p20", "code": "http://loinc.org|8001-1"}).body
+    assert [e["resource"]["id"] for e in bundle["entry"]] == ["o20-1"]
+    assert not stores[1].can_share_bulk()  # it holds data now: a second load goes through a transaction
+
+
+def test_a_failed_load_into_a_scratch_store_leaves_it_empty_and_usable(tmp_path, monkeypatch):
+    from fhirgym.fhir import _bulk
+
+    data = _resources(400)
+    data[700]["status"] = "not-a-status"
+    data[900]["gender"] = 5
+    store = Store(path=tmp_path / "s.db", durable=False)
+    server = FhirServer(store, config=CLOCK)
+    with pytest.raises(FhirError) as err:
+        server.load(data, workers=2)
+    assert err.value.status == 422 and "resource #700" in err.value.diagnostics
+    assert store.counts() == {} and store.can_share_bulk()
+    # a crash in a worker (not a validation error) must not leave later chunks waiting for their turn
+    real = _bulk._prepare
+    monkeypatch.setattr(_bulk, "_prepare", lambda s, items, *a: 1 / 0 if items[0][0] == 500 else real(s, items, *a))
+    with pytest.raises(ZeroDivisionError):
+        server.load(_resources(400), workers=2)
+    assert store.counts() == {}
+    monkeypatch.setattr(_bulk, "_prepare", real)
+    assert server.load(_resources(400), workers=2) == [] and store.counts() == {"Observation": 800, "Patient": 400}
+
+
+def test_load_reports_every_edge_to_a_missing_resource_once(tmp_path):
+    base = Store()
+    FhirServer(base, config=CLOCK).load(_resources(1))  # Patient/p0 lives in the base
+    base.export(tmp_path / "w.db")
+    store = Snapshot(tmp_path / "w.db").open()
+    server = FhirServer(store, config=CLOCK)
+    server.load([{"resourceType": "Patient", "id": "p9"}])
+    obs = [{"resourceType": "Observation", "id": f"x{n}", "status": "final", "code": {"text": "x"},
+            "subject": {"reference": f"Patient/{target}"}, "performer": [{"reference": f"Patient/{target}"}]}
+           for n, target in enumerate(["p0", "gone", "p9", "gone", "lost"])]
+    issues = server.load(obs)
+    # two parameters, one edge each: x1, x3 and x4 each reported once per missing target, in input order
+    assert [i.diagnostics for i in issues] == [
+        "Observation/x1 references Patient/gone, which does not exist",
+        "Observation/x3 references Patient/gone, which does not exist",
+        "Observation/x4 references Patient/lost, which does not exist",
+    ]
+
+
 @settings(max_examples=200, deadline=None, derandomize=True, database=None)
 @given(st.recursive(
     st.none() | st.booleans() | st.integers(-(2**31), 2**31) | st.text(alphabet='ab"\\,{}:/ré\n'),

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from fhirgym.fhir import FhirServer, InProcessClient
-from fhirgym.world import DEFAULT_ANCHOR, build_world, import_world, world_info
+from fhirgym.world import DEFAULT_ANCHOR, build_world, import_world, world_info, world_sha256
 from fhirgym.world._build import cache_path, generate_resources, store_world
 
 
@@ -102,6 +102,21 @@ def test_cli_show_and_import(tmp_path):
 
 def info_sha(path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_world_digest_is_remembered_until_the_file_changes(tmp_path, monkeypatch):
+    from fhirgym.world import _build
+
+    world = tmp_path / "w.db"
+    world.write_bytes(b"first version")
+    hashed = []
+    monkeypatch.setattr(_build, "file_sha256", lambda p: hashed.append(p) or info_sha(p))
+    assert world_sha256(world) == info_sha(world) and len(hashed) == 1
+    assert world_sha256(world) == info_sha(world) and len(hashed) == 1  # read back from w.db.sha256
+    world.write_bytes(b"another version, another size")
+    assert world_sha256(world) == info_sha(world) and len(hashed) == 2
+    (tmp_path / "w.db.sha256").write_bytes(b"not json")  # a damaged side file is recomputed, not trusted
+    assert world_sha256(world) == info_sha(world) and len(hashed) == 3
 
 
 def test_invalid_resources_are_all_reported_and_nothing_is_written(tmp_path):

@@ -72,12 +72,13 @@ def world() -> None:
     """Build, inspect and import synthetic worlds."""
 
 
-def _print_info(info) -> None:
+def _print_info(info, digest: bool = True) -> None:
     click.echo(f"world: {info.path}")
     if info.seed is not None:
         click.echo(f"seed {info.seed}, {info.patients} patients, anchor date {info.anchor}, "
                    f"generator v{info.generator_version}")
-    click.echo(f"sha256 {info.sha256}")
+    if digest:  # `world show` prints it; a build does not spend 6 s hashing a 100-patient file
+        click.echo(f"sha256 {info.sha256}")
     width = max((len(t) for t in info.counts), default=10)
     for rtype, n in sorted(info.counts.items(), key=lambda kv: (-kv[1], kv[0])):
         click.echo(f"  {rtype:<{width}}  {n:>8,}")
@@ -102,7 +103,7 @@ def world_build(seed: int, patients: int, anchor_date: str | None, out: Path | N
     except WorldBuildError as err:
         click.echo(err.report.summary(limit=50), err=True)
         sys.exit(1)
-    _print_info(info)
+    _print_info(info, digest=False)
     stages = ", ".join(f"{k} {v:.1f} s" for k, v in info.timings.items())
     click.echo(f"{'loaded from cache' if info.cached else 'built'} in {info.build_seconds:.1f} s"
                + (f" ({stages})" if stages else ""))

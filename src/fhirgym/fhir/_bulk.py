@@ -1,28 +1,37 @@
 """Bulk loads: validation, indexing and inserts, optionally in worker processes.
 
 Validation, index extraction and even the SQLite inserts are CPU-bound Python work of about the same
-size. With ``workers > 1`` every step runs in a process pool: each worker validates and indexes its
-chunks and inserts the rows into its own scratch SQLite file (tables only, no indexes), and the parent
-copies them into the store chunk by chunk, in input order, with ``INSERT ... SELECT`` (C speed, no
-Python per row) before the indexes are built once. Nothing reaches the store unless every resource is valid.
+size. With ``workers > 1`` every step runs in a process pool, and the rows reach the store one of two ways:
+
+* a store in memory, or any store holding data: each worker validates and indexes its chunks and
+  inserts the rows into its own scratch SQLite file (tables only, no indexes), and the parent copies
+  them into the store chunk by chunk, in input order, with ``INSERT ... SELECT`` (C speed, no Python per
+  row), in one transaction;
+* an empty scratch store (a world build, :meth:`Store.shared_bulk`): the workers insert straight into
+  the store's own file, each chunk in its turn (input order), so nothing is copied.
+
+Either way the indexes are built once at the end, and nothing stays in the store unless every
+resource is valid. A load gives the same file whether it ran in one process or several.
 """
 
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import os
 import shutil
 import sqlite3
 import tempfile
+import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from .._gc import gc_paused
 from ._errors import FhirError, invalid_resource
-from ._store import CURRENT_TABLES, Record, create_tables, insert_records
+from ._store import CURRENT_TABLES, SCRATCH_CACHE, Record, create_tables, insert_records
 
 if TYPE_CHECKING:
     from ._server import FhirServer
@@ -40,15 +49,21 @@ MAX_WORKERS = 8
 _WORKER: FhirServer | None = None
 _FOLDER: Path | None = None
 _CONN: sqlite3.Connection | None = None
+#: shared bulk (:meth:`Store.shared_bulk`): the store's file, and the number of the chunk whose turn it is
+_TARGET: Path | None = None
+_TURN: Any = None
+#: the turn's value once a shared load has failed: nobody waits or writes any more
+ABORTED = -1
 
 
-def _init_worker(base_url: str, validate: bool, folder: str) -> None:
-    global _WORKER, _FOLDER
+def _init_worker(base_url: str, validate: bool, folder: str | None, target: str | None, turn: Any) -> None:
+    global _WORKER, _FOLDER, _TARGET, _TURN
     from ._server import FhirServer, ServerConfig
     from ._store import Store
 
     _WORKER = FhirServer(Store(), config=ServerConfig(base_url=base_url, validate=validate))
-    _FOLDER = Path(folder)
+    _FOLDER = Path(folder) if folder else None
+    _TARGET, _TURN = (Path(target) if target else None), turn
     gc.freeze()  # the spec's objects live as long as the worker: no collection needs to walk them
 
 
@@ -65,33 +80,66 @@ def _prepare(server: FhirServer, items: list[Item], ts: str, validate: bool) -> 
     return out
 
 
+def _connect(path: Path, own: bool) -> sqlite3.Connection:
+    """This worker's connection to ``path`` (``own``: its own file, tables created here), kept open
+    across its chunks."""
+    global _CONN
+    if _CONN is None:
+        _CONN = sqlite3.connect(path, isolation_level=None)
+        _CONN.execute("PRAGMA journal_mode=OFF")  # scratch: deleted, or emptied, on failure
+        _CONN.execute("PRAGMA synchronous=OFF")
+        _CONN.execute(f"PRAGMA cache_size={SCRATCH_CACHE}")
+        if own:
+            create_tables(_CONN)
+    return _CONN
+
+
 def _write_in_worker(payload: bytes, ts: str, validate: bool) -> Piece | tuple[int, list]:
     """Prepare one chunk and insert it into this worker's file: where its rows are, or (position,
     errors) of its first invalid resource."""
-    global _CONN
     assert _WORKER is not None and _FOLDER is not None
     with gc_paused():
         result = _prepare(_WORKER, [(n, res, v) for n, res, v in orjson.loads(payload)], ts, validate)
     if isinstance(result, tuple):
         return result
     path = _FOLDER / f"worker-{os.getpid()}.db"
-    if _CONN is None:  # one file per worker process, kept open across its chunks
-        _CONN = sqlite3.connect(path, isolation_level=None)
-        _CONN.execute("PRAGMA journal_mode=OFF")  # scratch: deleted after the copy, or on failure
-        _CONN.execute("PRAGMA synchronous=OFF")
-        create_tables(_CONN)
+    conn = _connect(path, own=True)
     tables = ("resources", *CURRENT_TABLES)
-    _CONN.execute("BEGIN")
-    before = [_CONN.execute(f"SELECT coalesce(max(rowid), 0) FROM {t}").fetchone()[0] for t in tables]
-    insert_records(_CONN, result)
-    after = [_CONN.execute(f"SELECT coalesce(max(rowid), 0) FROM {t}").fetchone()[0] for t in tables]
-    _CONN.execute("COMMIT")
+    conn.execute("BEGIN")
+    before = [conn.execute(f"SELECT coalesce(max(rowid), 0) FROM {t}").fetchone()[0] for t in tables]
+    insert_records(conn, result)
+    after = [conn.execute(f"SELECT coalesce(max(rowid), 0) FROM {t}").fetchone()[0] for t in tables]
+    conn.execute("COMMIT")
     return path, {t: (b + 1, a) for t, b, a in zip(tables, before, after) if a > b}
+
+
+def _write_shared(payload: bytes, ts: str, validate: bool, turn: int) -> tuple[int, list] | None:
+    """Prepare chunk number ``turn`` and, once every earlier chunk is in, insert it into the shared file
+    as one transaction: None, or (position, errors) of its first invalid resource."""
+    assert _WORKER is not None and _TARGET is not None
+    result: Prepared | None = None
+    try:
+        with gc_paused():
+            result = _prepare(_WORKER, [(n, res, v) for n, res, v in orjson.loads(payload)], ts, validate)
+    finally:  # the turn passes on whatever happened here, or every later chunk would wait forever
+        while (now := _TURN.value) != turn and now != ABORTED:
+            time.sleep(0.0005)
+        try:
+            if isinstance(result, list) and now != ABORTED:
+                conn = _connect(_TARGET, own=False)
+                conn.execute("BEGIN")
+                insert_records(conn, result)
+                conn.execute("COMMIT")
+        finally:
+            with _TURN.get_lock():
+                if _TURN.value != ABORTED:
+                    _TURN.value = turn + 1
+    return result if isinstance(result, tuple) else None
 
 
 def bulk_write(server: FhirServer, items: list[Item], ts: str, validate: bool, workers: int, chunk: int = 500
                ) -> None:
-    """Validate, index and store ``items`` in one bulk transaction of ``server.store``.
+    """Validate, index and store ``items`` in one bulk load of ``server.store``.
 
     Raises 422 for the invalid resource that comes first in the input, and then stores nothing.
     """
@@ -102,29 +150,55 @@ def bulk_write(server: FhirServer, items: list[Item], ts: str, validate: bool, w
 def _bulk_write(server: FhirServer, items: list[Item], ts: str, validate: bool, workers: int, chunk: int) -> None:
     chunks = [items[i : i + chunk] for i in range(0, len(items), chunk)]
     workers = min(workers, os.cpu_count() or 1, len(chunks), MAX_WORKERS)
+    store = server.store
+    if store.can_share_bulk():
+        with store.shared_bulk() as path:
+            if workers <= 1:  # a transaction per chunk, as the workers do: the same file either way
+                for c in chunks:
+                    with store.transaction():
+                        store.write(_check(_prepare(server, c, ts, validate)))
+                return
+            turn = multiprocessing.Value("q", 0)
+            with ProcessPoolExecutor(workers, initializer=_init_worker,
+                                     initargs=(server.config.base_url, validate, None, str(path), turn)) as pool:
+                _results(pool, [(_write_shared, orjson.dumps(c), ts, validate, n) for n, c in enumerate(chunks)], turn)
+        return
     if workers <= 1:
-        with server.store.bulk():  # an invalid chunk raises inside: the whole load rolls back
+        with store.bulk():  # an invalid chunk raises inside: the whole load rolls back
             for c in chunks:
-                server.store.write(_check(_prepare(server, c, ts, validate)))
+                store.write(_check(_prepare(server, c, ts, validate)))
         return
     # next to a file-backed store (a world build: may exceed memory and a RAM-backed /tmp), else in /tmp
-    store_dir = server.store.path.parent if server.store.path is not None else None
+    store_dir = store.path.parent if store.path is not None else None
     folder = Path(tempfile.mkdtemp(prefix="fhirgym-bulk-", dir=store_dir))
     try:
         with ProcessPoolExecutor(workers, initializer=_init_worker,
-                                 initargs=(server.config.base_url, validate, str(folder))) as pool:
-            futures = [pool.submit(_write_in_worker, orjson.dumps(c), ts, validate) for c in chunks]
-            try:
-                results = [f.result() for f in futures]
-            finally:
-                for f in futures:
-                    f.cancel()  # after an error, the chunks not started yet
-        failures = [r for r in results if isinstance(r[0], int)]
-        if failures:
-            _check(min(failures, key=lambda failure: failure[0]))
-        server.store.copy_in([r for r in results if isinstance(r[0], Path)])
+                                 initargs=(server.config.base_url, validate, str(folder), None, None)) as pool:
+            results = _results(pool, [(_write_in_worker, orjson.dumps(c), ts, validate) for c in chunks])
+        store.copy_in(results)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _results(pool: ProcessPoolExecutor, calls: list[tuple], turn: Any = None) -> list:
+    """Run every call in the pool and return their results in order; raise for the first invalid
+    resource in input order (chunks are in input order: the first failing chunk has it). ``turn``: the
+    shared load's turn, set to :data:`ABORTED` on a failure so that no chunk waits for one cancelled."""
+    futures = [pool.submit(*call) for call in calls]
+    results = []
+    try:
+        for f in futures:
+            result = f.result()
+            if isinstance(result, tuple) and isinstance(result[0], int):
+                _check(result)
+            results.append(result)
+    except BaseException:
+        if turn is not None:
+            turn.value = ABORTED
+        for f in futures:
+            f.cancel()  # the chunks not started yet
+        raise
+    return results
 
 
 def _check(result: Prepared) -> list[Record]:

@@ -474,11 +474,14 @@ class FhirServer:
         ts = self._timestamp()  # one instant for the whole load
         bulk_write(self, items, ts, validate and self.config.validate, workers)
         self._generation += 1
+        # each distinct target looked up once (a 100-patient world: 65k targets of 492k edges; 5.4 s → 0.6 s)
         dangling = self.store.query(
             "SELECT DISTINCT r.rtype, r.id, r.target_type, r.target_id FROM main.refs r "
-            "WHERE NOT EXISTS (SELECT 1 FROM main.resources m WHERE m.rtype = r.target_type AND m.id = r.target_id "
-            "AND m.deleted = 0) AND NOT EXISTS (SELECT 1 FROM base.resources b WHERE b.rtype = r.target_type "
-            "AND b.id = r.target_id AND b.deleted = 0)"
+            "WHERE (r.target_type, r.target_id) IN (SELECT target_type, target_id FROM "
+            "(SELECT DISTINCT target_type, target_id FROM main.refs) t "
+            "WHERE NOT EXISTS (SELECT 1 FROM main.resources m WHERE m.rtype = t.target_type AND m.id = t.target_id "
+            "AND m.deleted = 0) AND NOT EXISTS (SELECT 1 FROM base.resources b WHERE b.rtype = t.target_type "
+            "AND b.id = t.target_id AND b.deleted = 0)) ORDER BY r.rowid"
         )
         return [
             Issue("error", "not-found", f"{t}/{i} references {tt}/{ti}, which does not exist", (t,))

@@ -19,9 +19,9 @@ from pathlib import Path
 import orjson
 
 from ..agents import DEFAULT_MODEL, make_agent, needs_model
-from ..spec import file_sha256
 from ..tasks import Instance, TaskWorld, make_instance, select
 from ..tools import FHIR_TOOLS, Tool
+from ..world import world_sha256
 from ._episode import EpisodeKey, run_episode
 from ._results import RESULTS, append_result, read_results, write_atomic
 
@@ -91,7 +91,7 @@ def _prepare_dir(spec: EvalSpec, world: TaskWorld) -> set[str]:
         info = {"identity": spec.identity(), "spec": {k: str(v) if isinstance(v, Path) else v
                                                       for k, v in asdict(spec).items()},
                 "fhirgym_version": version("fhirgym"), "world": str(world.path),
-                "world_manifest": world.manifest, "world_sha256": file_sha256(world.path),
+                "world_manifest": world.manifest, "world_sha256": world_sha256(world.path),
                 "started": datetime.now(UTC).isoformat(timespec="seconds")}
         write_atomic(run_file, info)
     return {line["episode_id"] for line in existing}

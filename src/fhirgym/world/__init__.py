@@ -15,6 +15,7 @@ from ._build import (
     flatten_bundles,
     import_world,
     world_info,
+    world_sha256,
 )
 from ._context import WorldContext
 from ._synthea import repair_bundle, synthea_bundles
@@ -32,4 +33,5 @@ __all__ = [
     "repair_bundle",
     "synthea_bundles",
     "world_info",
+    "world_sha256",
 ]

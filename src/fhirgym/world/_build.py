@@ -9,8 +9,11 @@ clock is frozen at the anchor. Builds are cached by (seed, size, anchor, generat
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import tempfile
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -22,7 +25,7 @@ import orjson
 from .._gc import gc_paused
 from ..fhir import FhirError, FhirServer, Issue, ServerConfig, Snapshot, Store
 from ..fhir._refs import rewrite_references
-from ..spec import cache_dir, file_sha256
+from ..spec import cache_dir, file_sha256, load_spec
 from ._context import WorldContext
 from ._synthea import repair_bundle, synthea_bundles
 
@@ -73,7 +76,6 @@ class WorldInfo:
     anchor: str | None
     generator_version: int | None
     counts: dict[str, int]
-    sha256: str
     build_seconds: float | None = None
     cached: bool = False
     timings: dict[str, float] = field(default_factory=dict)  # seconds per build stage
@@ -82,8 +84,36 @@ class WorldInfo:
     def total(self) -> int:
         return sum(self.counts.values())
 
+    @property
+    def sha256(self) -> str:
+        """The world file's sha256, computed when first asked (see :func:`world_sha256`)."""
+        return world_sha256(self.path)
+
     def snapshot(self) -> Snapshot:
         return Snapshot(self.path)
+
+
+def world_sha256(path: str | Path) -> str:
+    """sha256 of a world file, remembered in ``<file>.sha256`` next to it.
+
+    Hashing a 100-patient world (1.2 GB) takes 6 s on a 2-core machine, and every eval records it: the
+    digest is computed once per file version (size, mtime, inode) and read back afterwards. Where the
+    side file cannot be written (a read-only folder), it is simply computed each time.
+    """
+    path = Path(path)
+    st = path.stat()
+    stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+    side = path.with_name(path.name + ".sha256")
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        known = orjson.loads(side.read_bytes())
+        if known["stamp"] == stamp:
+            return known["sha256"]
+    digest = file_sha256(path)
+    with contextlib.suppress(OSError):
+        partial = side.with_name(side.name + f".{os.getpid()}.part")
+        partial.write_bytes(orjson.dumps({"stamp": stamp, "sha256": digest}))
+        partial.replace(side)
+    return digest
 
 
 def _anchor(value: date | str) -> date:
@@ -208,8 +238,13 @@ def build_world(seed: int = 42, patients: int = 100, anchor_date: date | str = D
     was_cached = use_cache and cached.is_file()
     timings: dict[str, float] = {}
     if not was_cached:
+        # the spec (downloaded and parsed on a fresh machine: seconds) is made ready while Synthea runs;
+        # a failure there is raised again, clearly, where the load needs the spec
+        spec = threading.Thread(target=load_spec, daemon=True)
+        spec.start()
         with gc_paused():
             resources = generate_resources(seed, patients, anchor, timings)
+            spec.join()
             manifest = {"seed": seed, "patients": patients, "anchor": anchor.isoformat(),
                         "generator_version": GENERATOR_VERSION}
             report = store_world(resources, cached, manifest, workers, anchor, timings)
@@ -241,9 +276,8 @@ def world_info(path: str | Path) -> WorldInfo:
     finally:
         store.close()
     manifest = orjson.loads(raw) if raw else {}
-    digest = file_sha256(path)
     return WorldInfo(path, manifest.get("seed"), manifest.get("patients"), manifest.get("anchor"),
-                     manifest.get("generator_version"), counts, digest)
+                     manifest.get("generator_version"), counts)
 
 
 def import_world(paths: list[str | Path], out: str | Path, workers: int = 2) -> tuple[WorldInfo | None, ValidationReport]:
