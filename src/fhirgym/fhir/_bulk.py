@@ -23,6 +23,7 @@ import shutil
 import sqlite3
 import tempfile
 import time
+from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -161,7 +162,7 @@ def _bulk_write(server: FhirServer, items: list[Item], ts: str, validate: bool, 
             turn = multiprocessing.Value("q", 0)
             with ProcessPoolExecutor(workers, initializer=_init_worker,
                                      initargs=(server.config.base_url, validate, None, str(path), turn)) as pool:
-                _results(pool, [(_write_shared, orjson.dumps(c), ts, validate, n) for n, c in enumerate(chunks)], turn)
+                _results(pool, ((_write_shared, orjson.dumps(c), ts, validate, n) for n, c in enumerate(chunks)), turn)
         return
     if workers <= 1:
         with store.bulk():  # an invalid chunk raises inside: the whole load rolls back
@@ -174,16 +175,17 @@ def _bulk_write(server: FhirServer, items: list[Item], ts: str, validate: bool, 
     try:
         with ProcessPoolExecutor(workers, initializer=_init_worker,
                                  initargs=(server.config.base_url, validate, str(folder), None, None)) as pool:
-            results = _results(pool, [(_write_in_worker, orjson.dumps(c), ts, validate) for c in chunks])
+            results = _results(pool, ((_write_in_worker, orjson.dumps(c), ts, validate) for c in chunks))
         store.copy_in(results)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _results(pool: ProcessPoolExecutor, calls: list[tuple], turn: Any = None) -> list:
+def _results(pool: ProcessPoolExecutor, calls: Iterable[tuple], turn: Any = None) -> list:
     """Run every call in the pool and return their results in order; raise for the first invalid
     resource in input order (chunks are in input order: the first failing chunk has it). ``turn``: the
     shared load's turn, set to :data:`ABORTED` on a failure so that no chunk waits for one cancelled."""
+    # each chunk is serialised as it is submitted: the workers start on the first while the parent does the rest
     futures = [pool.submit(*call) for call in calls]
     results = []
     try:
