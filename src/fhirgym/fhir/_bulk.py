@@ -81,6 +81,13 @@ def _prepare(server: FhirServer, items: list[Item], ts: str, validate: bool) -> 
     return out
 
 
+def _prepare_payload(payload: bytes, ts: str, validate: bool) -> Prepared:
+    """:func:`_prepare` in a worker, of a chunk as the parent serialised it."""
+    assert _WORKER is not None
+    with gc_paused():
+        return _prepare(_WORKER, [(n, res, v) for n, res, v in orjson.loads(payload)], ts, validate)
+
+
 def _connect(path: Path, own: bool) -> sqlite3.Connection:
     """This worker's connection to ``path`` (``own``: its own file, tables created here), kept open
     across its chunks."""
@@ -98,9 +105,8 @@ def _connect(path: Path, own: bool) -> sqlite3.Connection:
 def _write_in_worker(payload: bytes, ts: str, validate: bool) -> Piece | tuple[int, list]:
     """Prepare one chunk and insert it into this worker's file: where its rows are, or (position,
     errors) of its first invalid resource."""
-    assert _WORKER is not None and _FOLDER is not None
-    with gc_paused():
-        result = _prepare(_WORKER, [(n, res, v) for n, res, v in orjson.loads(payload)], ts, validate)
+    assert _FOLDER is not None
+    result = _prepare_payload(payload, ts, validate)
     if isinstance(result, tuple):
         return result
     path = _FOLDER / f"worker-{os.getpid()}.db"
@@ -117,11 +123,10 @@ def _write_in_worker(payload: bytes, ts: str, validate: bool) -> Piece | tuple[i
 def _write_shared(payload: bytes, ts: str, validate: bool, turn: int) -> tuple[int, list] | None:
     """Prepare chunk number ``turn`` and, once every earlier chunk is in, insert it into the shared file
     as one transaction: None, or (position, errors) of its first invalid resource."""
-    assert _WORKER is not None and _TARGET is not None
+    assert _TARGET is not None
     result: Prepared | None = None
     try:
-        with gc_paused():
-            result = _prepare(_WORKER, [(n, res, v) for n, res, v in orjson.loads(payload)], ts, validate)
+        result = _prepare_payload(payload, ts, validate)
     finally:  # the turn passes on whatever happened here, or every later chunk would wait forever
         while (now := _TURN.value) != turn and now != ABORTED:
             time.sleep(0.0005)

@@ -372,15 +372,19 @@ class Store:
         with self.lock:
             if self._depth:
                 raise RuntimeError("bulk() cannot nest inside a transaction")
-            names = [r[0] for r in self.conn.execute(
-                "SELECT name FROM main.sqlite_master WHERE type = 'index' AND sql IS NOT NULL")]
             with self.transaction():
-                for name in names:
-                    self.conn.execute(f"DROP INDEX main.{name}")
+                self._drop_indexes()
                 try:
                     yield
                 finally:
                     create_indexes(self.conn, base=self.scratch)
+
+    def _drop_indexes(self) -> None:
+        """Drop the layer's secondary indexes (not the automatic ones of UNIQUE constraints)."""
+        names = [r[0] for r in self.conn.execute(
+            "SELECT name FROM main.sqlite_master WHERE type = 'index' AND sql IS NOT NULL")]
+        for name in names:
+            self.conn.execute(f"DROP INDEX main.{name}")
 
     def can_share_bulk(self) -> bool:
         """Whether :meth:`shared_bulk` applies: an empty scratch store, outside a transaction."""
@@ -401,11 +405,8 @@ class Store:
         with self.lock:
             if not self.can_share_bulk():
                 raise ValueError("shared_bulk() needs an empty scratch store (durable=False), outside a transaction")
-            names = [r[0] for r in self.conn.execute(
-                "SELECT name FROM main.sqlite_master WHERE type = 'index' AND sql IS NOT NULL")]
             with self.transaction():
-                for name in names:
-                    self.conn.execute(f"DROP INDEX main.{name}")
+                self._drop_indexes()
             try:
                 yield self.path  # type: ignore[misc]  # scratch: file-backed
             except BaseException:

@@ -116,6 +116,11 @@ def world_sha256(path: str | Path) -> str:
     return digest
 
 
+def _prepare_spec() -> None:
+    with contextlib.suppress(Exception):
+        load_spec()
+
+
 def _anchor(value: date | str) -> date:
     return value if isinstance(value, date) else date.fromisoformat(value)
 
@@ -239,8 +244,8 @@ def build_world(seed: int = 42, patients: int = 100, anchor_date: date | str = D
     timings: dict[str, float] = {}
     if not was_cached:
         # the spec (downloaded and parsed on a fresh machine: seconds) is made ready while Synthea runs;
-        # a failure there is raised again, clearly, where the load needs the spec
-        spec = threading.Thread(target=load_spec, daemon=True)
+        # a failure there is raised once, clearly, where the load needs the spec (not also in the thread)
+        spec = threading.Thread(target=_prepare_spec, daemon=True)
         spec.start()
         with gc_paused():
             resources = generate_resources(seed, patients, anchor, timings)

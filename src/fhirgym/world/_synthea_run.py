@@ -467,32 +467,27 @@ def simulate_life(self: Any, person: Any) -> None:
                             finally:
                                 stack.pop()
                             continue
+                        waiting = False
                         if waits is wellness:  # an Encounter waiting for a wellness visit: inline while it waits
                             visit = attributes.get("current_wellness_encounter")
                             try:
                                 waiting = visit is None or visit.time != current_time
                             except Exception:  # process() below raises it again, and logs it
                                 waiting = False
-                            if waiting and getattr(person, "record", None) is not None:
-                                seq += 1
-                                person_dict["_visit_seq"] = seq
-                                attributes[entry[1]] = True
-                                attributes[entry[2]] = current_time
-                                attributes[entry[3]] = seq
-                                attributes[current_key] = current
-                                continue
+                            waiting = waiting and getattr(person, "record", None) is not None
                         elif waits:  # a Delay: inline only while it waits (its expiry is stored and still ahead)
                             delays = attributes.get(waits)
                             if type(delays) is dict:
                                 expiry = delays.get(entry[5], unset)
-                                if expiry is not unset and not current_time >= expiry:
-                                    seq += 1
-                                    person_dict["_visit_seq"] = seq
-                                    attributes[entry[1]] = True
-                                    attributes[entry[2]] = current_time
-                                    attributes[entry[3]] = seq
-                                    attributes[current_key] = current
-                                    continue
+                                waiting = expiry is not unset and not current_time >= expiry
+                        if waiting:  # the visit process() would record, the current state unchanged
+                            seq += 1
+                            person_dict["_visit_seq"] = seq
+                            attributes[entry[1]] = True
+                            attributes[entry[2]] = current_time
+                            attributes[entry[3]] = seq
+                            attributes[current_key] = current
+                            continue
                 elif module is None:
                     module = Module.get_module(module_name)
                     if not module:
