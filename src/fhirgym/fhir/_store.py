@@ -24,6 +24,12 @@ from pathlib import Path
 
 import orjson
 
+#: ``None`` binds as NULL either way, but without an adapter Python's sqlite3 looks for one on every
+#: ``None`` parameter (two failed attribute lookups): 1.0 µs per ``None`` instead of 0.4. Index rows carry
+#: about 13 of them per Synthea resource. The adapter is the identity (``{}.get(None)`` is None), so no
+#: other user of sqlite3 in the process sees a difference; one registered before us is left alone.
+sqlite3.adapters.setdefault((type(None), sqlite3.PrepareProtocol), {}.get)
+
 #: Index tables and their value columns (after rtype, id, param). One definition serves schema,
 #: inserts and views.
 INDEX_TABLES: dict[str, tuple[str, ...]] = {
