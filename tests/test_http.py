@@ -318,3 +318,35 @@ def test_fhirgym_serve_cli_end_to_end(tmp_path):
             pytest.fail("fhirgym serve did not stop on SIGINT")
         proc.stdout.close()
     assert proc.returncode in (0, -signal.SIGINT)
+
+
+def test_control_characters_in_the_path_are_400_not_a_read_of_another_id(web):
+    assert web.put("/fhir/Patient/abc", json={**new_patient(), "id": "abc"}).status_code in (200, 201)
+    # a trailing newline used to be dropped by the route's `$` (the read answered Patient/abc)
+    assert_outcome(web.get("/fhir/Patient/abc%0A"), 400, "invalid")
+    assert_outcome(web.get("/fhir/Patient/a%0Ab"), 400, "invalid")  # matched no route: was a plain-text 404
+    assert_outcome(web.get("/fhir/Patient/abc%00"), 400, "invalid")
+    assert web.get("/fhir/Patient/abc").status_code == 200
+
+
+def test_a_method_no_route_has_is_a_405_operation_outcome(web):
+    assert_outcome(web.request("TRACE", "/fhir/Patient"), 405, "not-supported")
+
+
+def test_a_slow_request_does_not_block_the_event_loop(live):
+    """Requests run in a thread: while one waits for the server (held here through its lock, as a slow
+    request would hold it), the app still answers what needs no store: a refused upload, a non-FHIR path."""
+    import threading
+
+    waiting: list = []
+    with live.server._lock:
+        slow = threading.Thread(target=lambda: waiting.append(httpx.get(f"{live.base_url}/metadata", timeout=30)))
+        slow.start()
+        time.sleep(0.3)  # the metadata request is now inside the app, waiting for the lock
+        with httpx.Client(base_url=live.root, timeout=5) as client:
+            assert_outcome(client.get("/not-fhir"), 404, "not-found")
+            assert_outcome(client.post("/fhir/Patient", content=b"x" * (LIMIT + 1),
+                                       headers={"Content-Type": FHIR_JSON}), 413)
+        assert not waiting
+    slow.join(timeout=30)
+    assert waiting[0].status_code == 200

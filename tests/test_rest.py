@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import re
 from datetime import UTC, datetime, timedelta
+from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
@@ -851,3 +852,144 @@ def test_in_process_body_bytes_and_dicts_behave_alike(client):
     b = client.request("POST", "Patient", body=patient("b"))
     assert a.status == b.status == 201
     assert {k for k in a.body if k not in ("id", "meta")} == {k for k in b.body if k not in ("id", "meta")}
+
+
+# -- edge cases found by black-box probing of `fhirgym serve` ------------------------------------------------
+@pytest.mark.parametrize("vid", ["99999999999999999999", "\u00b2", "\u0663", "1_0"])
+def test_odd_version_ids_are_a_4xx_not_a_500(client, vid):
+    put(client, {**patient(), "id": "v1"})
+    resp = client.request("GET", f"Patient/v1/_history/{vid}")
+    assert resp.status == (404 if vid.isascii() and vid.isdigit() else 400), resp.body
+
+
+@pytest.mark.parametrize("etag", ['W/"\u00b2"', 'W/"99999999999999999999"', "W/\"\"", "1_0"])
+def test_malformed_if_match_is_400_and_writes_nothing(client, server, etag):
+    put(client, {**patient(), "id": "m1"})
+    with unchanged(server):
+        assert client.request("PUT", "Patient/m1", body={**patient(), "id": "m1"}, headers={"If-Match": etag}).status == 400
+        assert client.request("DELETE", "Patient/m1", headers={"If-Match": etag}).status == 400
+
+
+@pytest.mark.parametrize("value", [5, ["x"], {"a": 1}, "", " "])
+@pytest.mark.parametrize("key", ["ifNoneExist", "ifMatch"])
+def test_bundle_header_fields_that_are_not_strings_are_400(client, server, key, value):
+    for kind in ("transaction", "batch"):
+        with unchanged(server):
+            resp = client.transaction(tx([{"resource": {**patient(), "id": "h1"},
+                                           "request": {"method": "PUT", "url": "Patient/h1", key: value}}], kind))
+            assert resp.status == 400 and f"request.{key}" in issues(resp)[0]["diagnostics"]
+
+
+def test_a_batch_reports_every_entry_even_when_one_fails_unexpectedly(client, server, monkeypatch):
+    """A bug in one entry (simulated) must not hide that the entries before it were written."""
+    real = server._dispatch
+
+    def flaky(req):
+        if req.path == "Patient/boom":
+            raise RuntimeError("simulated bug")
+        return real(req)
+
+    monkeypatch.setattr(server, "_dispatch", flaky)
+    resp = client.transaction(tx([
+        {"resource": {**patient(), "id": "ok1"}, "request": {"method": "PUT", "url": "Patient/ok1"}},
+        {"request": {"method": "GET", "url": "Patient/boom"}},
+    ], "batch"))
+    assert resp.status == 200
+    statuses = [e["response"]["status"] for e in resp.body["entry"]]
+    assert statuses == ["201 Created", "500"]
+    assert "simulated bug" in resp.body["entry"][1]["response"]["outcome"]["issue"][0]["diagnostics"]
+
+
+def test_a_conditional_update_that_matches_nothing_never_overwrites_the_body_id(client, server):
+    put(client, {**patient(), "id": "victim"})
+    with unchanged(server):
+        resp = client.request("PUT", "Patient", {"identifier": f"{SYS}|nomatch"}, body={**patient(), "id": "victim"})
+        assert resp.status == 409
+        in_tx = client.transaction(tx([{"resource": {**patient(), "id": "victim"},
+                                        "request": {"method": "PUT", "url": f"Patient?identifier={SYS}|nomatch"}}]))
+        assert in_tx.status == 409
+    assert client.read("Patient", "victim").body["meta"]["versionId"] == "1"
+
+
+def test_cascade_needs_the_value_delete(client, server):
+    put(client, {**patient(), "id": "c1"})
+    put(client, {**obs("Patient/c1"), "id": "o1"})
+    with unchanged(server):
+        assert client.request("DELETE", "Patient", {"_id": "c1", "_cascade": "no"}).status == 400
+        assert client.request("DELETE", "Patient/c1", {"_cascade": "yes"}).status == 400
+        assert client.request("DELETE", "Patient", {"_id": "c1"}).status == 409
+    assert client.request("DELETE", "Patient", {"_id": "c1", "_cascade": "delete"}).status == 200
+    assert client.read("Observation", "o1").status == 410
+
+
+def test_transaction_entries_are_checked_like_their_plain_requests(client, server):
+    put(client, {**patient(), "id": "t1"})
+    with unchanged(server):
+        body_id = client.transaction(tx([{"resource": {**patient(), "id": "other"},
+                                          "request": {"method": "PUT", "url": "Patient/t1"}}]))
+        assert body_id.status == 400 and "must equal the id in the url" in issues(body_id)[0]["diagnostics"]
+        bad_id = client.transaction(tx([{"request": {"method": "DELETE", "url": "Patient/bad id!"}}]))
+        assert bad_id.status == 400
+        twice = client.transaction(tx([{"request": {"method": "DELETE", "url": "Patient/t1"}},
+                                       {"request": {"method": "DELETE", "url": "Patient/t1"}}]))
+        assert twice.status == 400 and "Bundle.entry[1]" in issues(twice)[0]["diagnostics"]
+        same_full_url = client.transaction(tx([
+            {"fullUrl": PAT_URN, "resource": patient(), "request": {"method": "POST", "url": "Patient"}},
+            {"fullUrl": PAT_URN, "resource": patient(), "request": {"method": "POST", "url": "Patient"}},
+        ]))
+        assert same_full_url.status == 400 and "bdl-7" in issues(same_full_url)[0]["diagnostics"]
+        lower_case = client.transaction(tx([{"resource": patient(), "request": {"method": "post", "url": "Patient"}}]))
+        assert lower_case.status == 400
+        stale = client.transaction(tx([{"request": {"method": "DELETE", "url": "Patient/t1", "ifMatch": 'W/"7"'}}]))
+        assert stale.status == 412
+    # an entry without an id in its body takes the url's
+    assert client.transaction(tx([{"resource": patient(gender="male"),
+                                   "request": {"method": "PUT", "url": "Patient/t1"}}])).status == 200
+
+
+def test_transaction_integrity_is_checked_on_its_final_state(client, server):
+    put(client, {**patient(), "id": "x"})
+    put(client, {**obs("Patient/x"), "id": "ox"})
+    put(client, {**obs("Patient/x"), "id": "oy"})
+    with unchanged(server):  # oy still references x afterwards
+        still = client.transaction(tx([
+            {"request": {"method": "DELETE", "url": "Patient/x"}},
+            {"resource": {**obs(None), "id": "ox"}, "request": {"method": "PUT", "url": "Observation/ox"}},
+        ]))
+        assert still.status == 409 and "Observation/oy" in issues(still)[0]["diagnostics"]
+        assert "Bundle.entry[0]" in issues(still)[0]["diagnostics"]
+    resp = client.transaction(tx([  # ox and oy drop their references to x in the same transaction
+        {"request": {"method": "DELETE", "url": "Patient/x"}},
+        {"resource": {**obs(None), "id": "ox"}, "request": {"method": "PUT", "url": "Observation/ox"}},
+        {"resource": {**obs(None), "id": "oy"}, "request": {"method": "PUT", "url": "Observation/oy"}},
+    ]))
+    assert resp.status == 200, resp.body
+    assert client.read("Patient", "x").status == 410
+
+
+def test_include_iterate_stops_at_the_configured_number_of_resources(client, server):
+    server.config.max_includes = 3
+    put(client, {**patient(), "id": "i1"})
+    for k in range(5):
+        put(client, {**obs("Patient/i1"), "id": f"io{k}"})
+    page = client.search("Patient", {"_id": "i1", "_revinclude:iterate": "Observation:subject"}).body
+    modes = [e["search"]["mode"] for e in page["entry"]]
+    assert modes == ["match", "include", "include", "include", "outcome"]
+    assert "incomplete" in page["entry"][-1]["resource"]["issue"][0]["diagnostics"]
+    server.config.max_includes = 10
+    page = client.search("Patient", {"_id": "i1", "_revinclude": "Observation:subject"}).body
+    assert [e["search"]["mode"] for e in page["entry"]] == ["match"] + ["include"] * 5
+
+
+@pytest.mark.parametrize("value", ["\u00b2", "1_0", " 5", "-1", "\u0663"])
+def test_paging_numbers_are_ascii_digits(client, value):
+    for k in range(3):
+        put(client, {**patient(), "id": f"pg{k}"})
+    first = client.search("Patient", {"_count": "1"}).body
+    (next_url,) = [lk["url"] for lk in first["link"] if lk["relation"] == "next"]
+    token = dict(parse_qsl(urlsplit(next_url).query))["_getpages"]
+    assert client.request("GET", "", {"_getpages": token, "_getpagesoffset": "1"}).status == 200
+    assert client.request("GET", "", {"_getpages": token, "_getpagesoffset": value}).status == 400
+    assert client.request("GET", "", {"_getpages": token, "_getpagesoffset": "1", "_count": value}).status == 400
+    assert client.request("GET", "_history", {"_count": value}).status == 400
+    assert client.request("GET", "Patient/pg0/$everything", {"_count": value}).status == 400

@@ -2,6 +2,8 @@
 
 The FHIR API is served under ``/fhir``. Admin operations (snapshot, reset) exist only when the app is
 built with ``admin=True`` and live under a separate ``/admin`` prefix, never under the FHIR base.
+Requests are served in a thread: a slow one (a 10 MB resource, a large search) then holds the store's
+lock, not the event loop, so uploads keep being read and refused (413) and unknown paths answered.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from urllib.parse import parse_qsl
 
 import orjson
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response as HttpResponse
 from starlette.routing import Route
@@ -47,6 +51,7 @@ def create_app(server: FhirServer, admin: bool = False) -> Starlette:
         query = parse_qsl(request.url.query, keep_blank_values=True)
         pretty = ("_pretty", "true") in query
         try:
+            _check_path(request)
             accept = request.headers.get("accept", "")
             if accept and not _accepts_json(accept):
                 raise FhirError(406, f"Only FHIR JSON is served (Accept: {accept})", "not-supported")
@@ -61,7 +66,7 @@ def create_app(server: FhirServer, admin: bool = False) -> Starlette:
             body=body,
             raw=not pretty,  # orjson serialises the answer: stored JSON is spliced in, not re-parsed
         )
-        return _render(server.handle(req), pretty)
+        return _render(await run_in_threadpool(server.handle, req), pretty)
 
     async def admin_op(request: HttpRequest) -> HttpResponse:
         op = request.path_params["op"]
@@ -93,7 +98,27 @@ def create_app(server: FhirServer, admin: bool = False) -> Starlette:
         server.admin_snapshot = None
         routes.append(Route("/admin/{op}", admin_op, methods=["GET", "POST"]))
     routes.append(Route("/{rest:path}", not_fhir, methods=methods))
-    return Starlette(routes=routes)
+
+    async def http_error(request: HttpRequest, exc: Exception) -> HttpResponse:
+        """Starlette's own refusals (a path no route matches, a method no route has) as OperationOutcomes."""
+        try:
+            _check_path(request)
+        except FhirError as err:
+            return _render(Response(err.status, err.outcome()))
+        status = exc.status_code if isinstance(exc, HTTPException) else 500
+        code = "not-supported" if status == 405 else "not-found" if status == 404 else "exception"
+        return _render(Response(status, operation_outcome([Issue("error", code, f"{request.method} {request.url.path}: "
+                                                                  f"{getattr(exc, 'detail', exc)}")])))
+
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+
+
+def _check_path(request: HttpRequest) -> None:
+    """Refuse control characters in the (decoded) path: a route's ``$`` would silently drop a trailing
+    newline (``Patient/abc%0A`` read ``Patient/abc``), and one inside matched no route at all."""
+    path = request.scope.get("path", "")
+    if any(c < " " or c == "\x7f" for c in path):
+        raise FhirError(400, f"The URL path {path!r} contains control characters", "invalid")
 
 
 def _accepts_json(accept: str) -> bool:

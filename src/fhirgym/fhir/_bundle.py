@@ -10,6 +10,7 @@ A batch runs each entry on its own and reports per-entry outcomes.
 from __future__ import annotations
 
 import copy
+import logging
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlsplit
 
@@ -22,6 +23,10 @@ if TYPE_CHECKING:
 _ORDER = {"DELETE": 0, "POST": 1, "PUT": 2, "PATCH": 2, "GET": 3, "HEAD": 3}
 _STATUS_TEXT = {200: "200 OK", 201: "201 Created", 204: "204 No Content", 404: "404 Not Found", 410: "410 Gone"}
 MAX_ENTRIES = 50_000
+#: ``Bundle.entry.request`` elements that hold a header's value (a non-empty string)
+_HEADER_FIELDS = ("ifNoneExist", "ifMatch", "ifNoneMatch", "ifModifiedSince")
+
+log = logging.getLogger("fhirgym.fhir")
 
 
 def _status(code: int) -> str:
@@ -60,16 +65,40 @@ def _parse_entries(bundle: dict) -> list[tuple[int, dict, str, str, dict | None]
         ):
             raise bad_request(f"Bundle.entry[{n}].request needs method and url", "required",
                               (f"Bundle.entry[{n}].request",))
-        method = request["method"].upper()
-        if method not in _ORDER or method == "PATCH":
+        method = request["method"]
+        if method.upper() not in _ORDER or method.upper() == "PATCH":
             raise bad_request(f"Bundle.entry[{n}].request.method {method!r} is not supported", "not-supported",
                               (f"Bundle.entry[{n}].request.method",))
+        if method not in _ORDER:  # a code of the required http-verb ValueSet: case matters
+            raise bad_request(f"Bundle.entry[{n}].request.method {method!r} must be {method.upper()!r}", "code-invalid",
+                              (f"Bundle.entry[{n}].request.method",))
+        for key in _HEADER_FIELDS:
+            if key in request and not (isinstance(request[key], str) and request[key].strip()):
+                raise bad_request(f"Bundle.entry[{n}].request.{key} must be a non-empty string, got {request[key]!r}",
+                                  "structure", (f"Bundle.entry[{n}].request.{key}",))
         resource = entry.get("resource") if method in ("POST", "PUT") else None
         if method in ("POST", "PUT") and not isinstance(resource, dict):
             raise bad_request(f"Bundle.entry[{n}] ({method}) needs a resource", "required",
                               (f"Bundle.entry[{n}].resource",))
         out.append((n, entry, method, request["url"].lstrip("/"), resource))
+    _check_full_urls(out)
     return out
+
+
+def _check_full_urls(entries: list) -> None:
+    """bdl-7: a fullUrl names one entry (unless the entries are versions: different meta.versionId).
+    In a transaction a repeated fullUrl would silently decide which entry its references point to."""
+    seen: dict[tuple, int] = {}
+    for n, entry, _method, _url, resource in entries:
+        full_url = entry.get("fullUrl")
+        if not isinstance(full_url, str) or not full_url:
+            continue
+        meta = resource.get("meta") if isinstance(resource, dict) else None
+        key = (full_url, meta.get("versionId") if isinstance(meta, dict) else None)
+        if key in seen:
+            raise bad_request(f"Bundle.entry[{n}].fullUrl {full_url!r} repeats that of entry[{seen[key]}] (bdl-7)",
+                              "invalid", (f"Bundle.entry[{n}].fullUrl",))
+        seen[key] = n
 
 
 def process_bundle(server: FhirServer, bundle: dict) -> Response:
@@ -93,17 +122,29 @@ def _split_url(url: str) -> tuple[str, list[str], list[tuple[str, str]]]:
 
 
 def _transaction(server: FhirServer, entries: list) -> dict:
+    from ._server import _parse_etag
+
     # 0. deletes first (the prescribed order is DELETE, POST, PUT, GET), so that the conditional creates,
     #    updates and references below see their effect; resources deleted together may reference each other
+    #    (their referrers are checked on the final state, at the end: other entries may drop the references)
     responses: dict[int, dict] = {}
-    deleting = {tuple(_split_url(url)[1]) for _, _, method, url, _ in entries
-                if method == "DELETE" and len(_split_url(url)[1]) == 2}
-    for n, entry, method, url, resource in entries:
+    deleted: dict[tuple[str, str], int] = {}  # what this transaction deletes -> its entry
+    for n, entry, method, url, _resource in entries:
         if method == "DELETE":
             try:
-                responses[n] = _execute(server, n, entry, method, url, resource, None, deleting)
+                key = _delete_target(server, url)
+                if key in deleted:
+                    raise bad_request(f"{key[0]}/{key[1]} is deleted by more than one entry of this transaction",
+                                      "invalid")
+                if_match = entry["request"].get("ifMatch")
+                rec = server.delete(*key, _parse_etag(if_match) if if_match else None,
+                                    check_referrers=False) if key is not None else None
+                if key is not None:
+                    deleted[key] = n
+                responses[n] = {"response": {"status": _status(200 if rec else 204)}}
             except FhirError as err:
                 raise _entry_error(n, err) from None
+    deleting = set(deleted)
 
     # 1. decide the identity of every written resource, so references can be rewritten up front
     mapping: dict[str, str] = {}
@@ -134,11 +175,19 @@ def _transaction(server: FhirServer, entries: list) -> dict:
             elif method == "PUT":
                 if len(segs) == 2 and not query:
                     rtype, rid = segs
+                    if resource.get("id") not in (None, rid):  # absent: the entry's url names it
+                        raise bad_request(f"The id in the body ({resource.get('id')!r}) must equal the id in the url "
+                                          f"({rid!r})", "invalid", ("id",))
                 elif len(segs) == 1 and query:
                     rtype = segs[0]
                     matches = server.search_engine.find(server.store, rtype, query)
                     if len(matches) > 1:
                         raise FhirError(412, f"Conditional update matched {len(matches)} resources", "multiple-matches")
+                    if matches and resource.get("id") not in (None, matches[0]):
+                        raise bad_request(f"Body id {resource.get('id')!r} differs from the matched resource "
+                                          f"{matches[0]}", "invalid", ("id",))
+                    if not matches and resource.get("id") is not None:
+                        server._check_unmatched_id(rtype, resource.get("id"))
                     rid = matches[0] if matches else (resource.get("id") or server.new_id())
                 else:
                     raise bad_request(f"PUT url must be Type/id or Type?search, got {url!r}")
@@ -188,6 +237,13 @@ def _transaction(server: FhirServer, entries: list) -> dict:
             responses[n] = _execute(server, n, entry, method, url, resource, plans.get(n), pending)
         except FhirError as err:
             raise _entry_error(n, err) from None
+    if server.config.referential_integrity:  # 3. nothing left may reference what was deleted
+        for (rtype, rid), n in deleted.items():
+            referrers = [r for r in server.store.referrers(rtype, rid, limit=6) if r not in deleting]
+            if referrers:
+                names = ", ".join(f"{t}/{i}" for t, i in referrers[:5])
+                raise _entry_error(n, FhirError(409, f"Cannot delete {rtype}/{rid}: after this transaction it is still "
+                                                     f"referenced by {names}", "conflict"))
     return {
         "resourceType": "Bundle",
         "type": "transaction-response",
@@ -197,7 +253,7 @@ def _transaction(server: FhirServer, entries: list) -> dict:
 
 def _execute(server: FhirServer, n: int, entry: dict, method: str, url: str, resource: dict | None,
              plan: tuple | None, pending: set) -> dict:
-    from ._server import Request
+    from ._server import Request, _parse_etag
 
     if method == "POST":
         _, rtype, rid, existed = plan
@@ -209,27 +265,10 @@ def _execute(server: FhirServer, n: int, entry: dict, method: str, url: str, res
         _, rtype, rid, _ = plan
         body = {**resource, "id": rid}
         if_match = entry["request"].get("ifMatch")
-        from ._server import _parse_etag
-
         rec, created = server.update(rtype, rid, body, _parse_etag(if_match) if if_match else None, pending=pending)
         return _written(server, rec, 201 if created else 200)
-    if method == "DELETE":
-        path, segs, query = _split_url(url)
-        if len(segs) == 2 and not query:
-            rtype, rid = segs
-            if not server.spec.is_resource_type(rtype):
-                raise FhirError(404, f"Unknown resource type {rtype!r}", "not-found")
-            rec = server.delete(rtype, rid, deleting=set(pending))
-        elif len(segs) == 1 and query:
-            matches = server.search_engine.find(server.store, segs[0], query)
-            if len(matches) > 1:
-                raise FhirError(412, f"Conditional delete matched {len(matches)} resources", "multiple-matches")
-            rec = server.delete(segs[0], matches[0], deleting=set(pending)) if matches else None
-        else:
-            raise bad_request(f"DELETE url must be Type/id or Type?search, got {url!r}")
-        return {"response": {"status": _status(200 if rec else 204)}}
     # GET / HEAD
-    path, segs, query = _split_url(url)
+    path, _segs, query = _split_url(url)
     resp = server._dispatch(Request("GET", path, query, {}))
     out: dict = {"response": {"status": _status(resp.status)}}
     if resp.body is not None and method == "GET":
@@ -237,6 +276,26 @@ def _execute(server: FhirServer, n: int, entry: dict, method: str, url: str, res
     if "ETag" in resp.headers:
         out["response"]["etag"] = resp.headers["ETag"]
     return out
+
+
+def _delete_target(server: FhirServer, url: str) -> tuple[str, str] | None:
+    """The resource a transaction's DELETE entry names (``Type/id``) or selects (``Type?search``; None
+    when nothing matches)."""
+    from ._server import ID_RE
+
+    _path, segs, query = _split_url(url)
+    if not segs or len(segs) > 2 or (len(segs) == 2) == bool(query):
+        raise bad_request(f"DELETE url must be Type/id or Type?search, got {url!r}")
+    if not server.spec.is_resource_type(segs[0]):
+        raise FhirError(404, f"Unknown resource type {segs[0]!r}", "not-found")
+    if len(segs) == 2:
+        if not ID_RE.fullmatch(segs[1]):
+            raise bad_request(f"Invalid resource id {segs[1]!r} (ids are 1-64 of A-Z a-z 0-9 - .)", "invalid")
+        return segs[0], segs[1]
+    matches = server.search_engine.find(server.store, segs[0], query)
+    if len(matches) > 1:
+        raise FhirError(412, f"Conditional delete matched {len(matches)} resources", "multiple-matches")
+    return (segs[0], matches[0]) if matches else None
 
 
 def _written(server: FhirServer, rec, status: int) -> dict:
@@ -269,6 +328,11 @@ def _batch(server: FhirServer, entries: list) -> dict:
                 resp = server._dispatch(Request(method, path, query, headers, resource))
         except FhirError as err:
             out.append({"response": {"status": str(err.status), "outcome": _entry_error(n, err).outcome()}})
+            continue
+        except Exception as exc:  # a bug: the entries done so far stay done, so the batch-response must come back
+            log.exception("internal error in Bundle.entry[%d] of a batch", n)
+            out.append({"response": {"status": "500", "outcome": operation_outcome(
+                [Issue("fatal", "exception", f"Bundle.entry[{n}]: internal error: {exc!r}")])}})
             continue
         response: dict = {"status": _status(resp.status)}
         for header, key in (("Location", "location"), ("ETag", "etag"), ("Last-Modified", "lastModified")):

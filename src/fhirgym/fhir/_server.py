@@ -31,7 +31,10 @@ from ._values import split_reference
 
 log = logging.getLogger("fhirgym.fhir")
 
-ID_RE = re.compile(r"^[A-Za-z0-9\-.]{1,64}$")
+#: a resource id (``fullmatch`` only: ``$`` would also accept a trailing newline)
+ID_RE = re.compile(r"[A-Za-z0-9\-.]{1,64}")
+#: a version id: ASCII digits (``str.isdigit`` also accepts "²"), at most SQLite's 64-bit integers
+_VERSION_RE = re.compile(r"[0-9]{1,18}")
 FHIR_JSON = "application/fhir+json"
 _SUBSETTED = {"system": "http://terminology.hl7.org/CodeSystem/v3-ObservationValue", "code": "SUBSETTED"}
 
@@ -50,6 +53,9 @@ class ServerConfig:
     id_seed: int | None = None  # deterministic server-assigned ids when set
     clock: Callable[[], datetime] | None = None  # frozen clock for tasks; None = wall clock
     page_cache_size: int = 512
+    #: resources ``_include`` / ``_revinclude`` may add to one page (``:iterate`` over ``*`` can reach a
+    #: whole world); beyond it the page says so in an OperationOutcome entry, as HAPI caps its includes
+    max_includes: int = 1000
 
 
 @dataclass
@@ -97,14 +103,30 @@ def _etag(version: int) -> str:
     return f'W/"{version}"'
 
 
-def _parse_etag(value: str) -> int:
-    v = value.strip()
+def _parse_etag(value: object) -> int:
+    """The version in an If-Match header or a Bundle entry's ``request.ifMatch`` (any JSON value)."""
+    v = value.strip() if isinstance(value, str) else ""
     if v.startswith("W/"):
         v = v[2:]
     v = v.strip('"')
-    if not v.isdigit():
+    if not _VERSION_RE.fullmatch(v):
         raise bad_request(f"Malformed If-Match/ETag value {value!r} (expected W/\"<version>\")")
     return int(v)
+
+
+def _non_negative(value: str, name: str) -> int:
+    """A paging number: ASCII digits only (``int`` also takes "٣", "1_000" and " 5 ")."""
+    if not value.isascii() or not value.isdigit():
+        raise bad_request(f"{name} must be a non-negative integer, got {value!r}", "invalid", (name,))
+    return int(value)
+
+
+def _cascade(query: list[tuple[str, str]]) -> bool:
+    """Whether a DELETE asks to delete what references the resource too (``_cascade=delete``, R5's form)."""
+    values = [v for k, v in query if k == "_cascade"]
+    if any(v != "delete" for v in values):
+        raise bad_request(f"_cascade must be 'delete', got {values!r}", "invalid", ("_cascade",))
+    return bool(values)
 
 
 class FhirServer:
@@ -217,7 +239,7 @@ class FhirServer:
         if second.startswith("$"):
             raise FhirError(404, f"Unknown operation {second} on {rtype}", "not-supported")
         rid = second
-        if not ID_RE.match(rid):
+        if not ID_RE.fullmatch(rid):
             raise bad_request(f"Invalid resource id {rid!r} (ids are 1-64 of A-Z a-z 0-9 - .)")
         if len(parts) == 2:
             if method == "GET":
@@ -394,7 +416,7 @@ class FhirServer:
     def update(self, rtype: str, rid: str, body: dict, if_match: int | None = None, pending: set | None = None
                ) -> tuple[Record, bool]:
         """Store a new version (or create with the client's id). Returns (record, created)."""
-        if not isinstance(rid, str) or not ID_RE.match(rid):
+        if not isinstance(rid, str) or not ID_RE.fullmatch(rid):
             raise bad_request(f"Invalid resource id {rid!r} (ids are 1-64 of A-Z a-z 0-9 - .)", "invalid", ("id",))
         body = copy.deepcopy(body)
         if body.get("id") != rid:
@@ -418,8 +440,11 @@ class FhirServer:
         return rec, created
 
     def delete(self, rtype: str, rid: str, if_match: int | None = None, cascade: bool = False,
-               deleting: set[tuple[str, str]] | None = None) -> Record | None:
-        """Delete (a new 'deleted' version). 409 if others reference it, unless cascading."""
+               deleting: set[tuple[str, str]] | None = None, check_referrers: bool = True) -> Record | None:
+        """Delete (a new 'deleted' version). 409 if others reference it, unless cascading.
+
+        ``check_referrers=False``: the caller checks the final state instead (a transaction, whose other
+        entries may drop their references to this resource)."""
         cur = self.store.current(rtype, rid)
         if cur is None or cur[2]:
             if if_match is not None:
@@ -430,7 +455,7 @@ class FhirServer:
                             "conflict")
         deleting = deleting if deleting is not None else set()
         deleting.add((rtype, rid))
-        if self.config.referential_integrity:
+        if self.config.referential_integrity and check_referrers:
             referrers = [r for r in self.store.referrers(rtype, rid, limit=1000) if r not in deleting]
             if referrers and not cascade:
                 names = ", ".join(f"{t}/{i}" for t, i in referrers[:5])
@@ -466,7 +491,7 @@ class FhirServer:
             rtype, rid = res.get("resourceType"), res.get("id")
             if not isinstance(rtype, str) or not self.spec.is_resource_type(rtype):
                 raise bad_request(f"resource #{n}: unknown resourceType {rtype!r}")
-            if not isinstance(rid, str) or not ID_RE.match(rid):
+            if not isinstance(rid, str) or not ID_RE.fullmatch(rid):
                 raise bad_request(f"resource #{n}: invalid id {rid!r}")
             last[(rtype, rid)] = n
         existing = self.store.versions(list(last))
@@ -532,6 +557,7 @@ class FhirServer:
             if not matches:
                 rid = body.get("id")
                 if rid is not None:
+                    self._check_unmatched_id(rtype, rid)
                     rec, created = self.update(rtype, rid, body)
                 else:
                     rec, created = self.create(rtype, body), True
@@ -542,8 +568,16 @@ class FhirServer:
                 rec, created = self.update(rtype, matches[0], body, self._if_match(req))
         return self._write_response(rec, 201 if created else 200, req)
 
+    def _check_unmatched_id(self, rtype: str, rid: object) -> None:
+        """A conditional update that matched nothing may create the body's id, never overwrite another
+        resource that has it (R5 spells this out: 409)."""
+        cur = self.store.current(rtype, rid) if isinstance(rid, str) else None
+        if cur is not None and not cur[2]:
+            raise FhirError(409, f"The conditional update matched no resource, but {rtype}/{rid} (the body's id) "
+                                 "exists and is not what the criteria select", "conflict")
+
     def _delete(self, req: Request, rtype: str, rid: str) -> Response:
-        cascade = any(k == "_cascade" and v == "delete" for k, v in req.query)
+        cascade = _cascade(req.query)
         with self.store.transaction():
             rec = self.delete(rtype, rid, self._if_match(req), cascade)
         if rec is None:
@@ -553,7 +587,7 @@ class FhirServer:
 
     def _conditional_delete(self, req: Request, rtype: str) -> Response:
         query = [(k, v) for k, v in req.query if k != "_cascade"]
-        cascade = len(query) != len(req.query)
+        cascade = _cascade(req.query)
         if not query:
             raise FhirError(405, f"DELETE /{rtype} needs an id or search parameters (conditional delete)",
                             "not-supported")
@@ -577,9 +611,9 @@ class FhirServer:
         return Response(200, orjson.loads(data), {"ETag": _etag(version), "Last-Modified": last_updated})
 
     def _vread(self, rtype: str, rid: str, vid: str) -> Response:
-        if not vid.isdigit():
+        if not vid.isascii() or not vid.isdigit():
             raise bad_request(f"Version id must be a positive integer, got {vid!r}")
-        row = self.store.version(rtype, rid, int(vid))
+        row = self.store.version(rtype, rid, int(vid)) if _VERSION_RE.fullmatch(vid) else None
         if row is None:
             if self.store.current(rtype, rid) is None:
                 raise not_found(f"{rtype}/{rid} is not known")
@@ -636,13 +670,8 @@ class FhirServer:
         state = self._pages.get(token)
         if state is None:
             raise FhirError(410, f"Paging token {token!r} is unknown or has expired; repeat the search", "not-found")
-        try:
-            offset = int(q.get("_getpagesoffset", "0"))
-            count = int(q.get("_count", state["count"]))
-        except ValueError:
-            raise bad_request("_getpagesoffset and _count must be integers") from None
-        if offset < 0 or count < 0:
-            raise bad_request("_getpagesoffset and _count must not be negative")
+        offset = _non_negative(q.get("_getpagesoffset", "0"), "_getpagesoffset")
+        count = _non_negative(q["_count"], "_count") if "_count" in q else state["count"]
         state = {**state, "count": min(count, self.config.max_count)}
         if "everything" in state:
             return Response(200, self._render_everything(token, state, offset))
@@ -670,9 +699,16 @@ class FhirServer:
         found = self.search_engine.fetch(self.store, rtype, page_ids)
         matched = [(rtype, i) for i in page_ids if i in found]
         entries = [entry(t, i, found[i], "match") for t, i in matched]
-        for t, i, data in self._includes(matched, state["include"], state["revinclude"]):
+        included, complete = self._includes(matched, state["include"], state["revinclude"])
+        for t, i, data in included:
             entries.append(entry(t, i, data, "include"))
         entries.extend(ignored)
+        if not complete:
+            entries.append({"resource": operation_outcome([Issue(
+                "warning", "too-costly", "The _include/_revinclude results of this page are incomplete: at most "
+                f"{self.config.max_includes} resources (ServerConfig.max_includes) and 5 rounds of :iterate are "
+                "followed; ask for fewer matches per page (_count) or fewer includes")]),
+                "search": {"mode": "outcome"}})
         if entries:
             bundle["entry"] = entries
         return bundle
@@ -753,8 +789,10 @@ class FhirServer:
         return bool(el and el.min > 0)
 
     def _includes(self, matched: list[tuple[str, str]], include: list, revinclude: list
-                  ) -> list[tuple[str, str, bytes]]:
-        """(type, id, stored JSON) of the resources ``_include`` / ``_revinclude`` add to a page."""
+                  ) -> tuple[list[tuple[str, str, bytes]], bool]:
+        """(type, id, stored JSON) of the resources ``_include`` / ``_revinclude`` add to a page, and
+        whether that is all of them (at most ``max_includes`` are added)."""
+        room = self.config.max_includes
         seen = set(matched)
         out: list[tuple[str, str, bytes]] = []
         frontier = list(matched)
@@ -784,20 +822,29 @@ class FhirServer:
                     if (src, rid) not in seen:
                         seen.add((src, rid))
                         found.append((src, rid))
-            by_found: dict[str, list[str]] = {}
-            for t, i in found:
-                by_found.setdefault(t, []).append(i)
-            for t, ids in by_found.items():
-                if not self.spec.is_resource_type(t):
-                    continue
-                bodies = self.search_engine.fetch(self.store, t, ids)
-                for i in ids:
-                    if i in bodies:
-                        out.append((t, i, bodies[i]))
+            if len(found) > room:
+                return out + self._bodies(found[:room]), False
+            room -= len(found)
+            out += self._bodies(found)
             frontier = found
             first = False
             include = [x for x in include if x[3]]
             revinclude = [x for x in revinclude if x[3]]
+        return out, not (frontier and (include or revinclude))  # not complete if :iterate ran out of rounds
+
+    def _bodies(self, found: list[tuple[str, str]]) -> list[tuple[str, str, bytes]]:
+        """(type, id, stored JSON) of the current resources among ``found``, type by type."""
+        out = []
+        by_found: dict[str, list[str]] = {}
+        for t, i in found:
+            by_found.setdefault(t, []).append(i)
+        for t, ids in by_found.items():
+            if not self.spec.is_resource_type(t):
+                continue
+            bodies = self.search_engine.fetch(self.store, t, ids)
+            for i in ids:
+                if i in bodies:
+                    out.append((t, i, bodies[i]))
         return out
 
     # -- history -------------------------------------------------------------------------------------
@@ -830,10 +877,7 @@ class FhirServer:
             "ORDER BY last_updated DESC, version DESC",
             args * 4,
         )
-        try:
-            count = self._count(int(q["_count"]) if "_count" in q else None)
-        except ValueError:
-            raise bad_request("_count must be an integer") from None
+        count = self._count(_non_negative(q["_count"], "_count") if "_count" in q else None)
         state = {"history": rows, "count": count, "self": f"{self.base}/{req.path}"}
         token = self._remember(state, [*req.query, ("_history", req.path)])
         return Response(200, self._render_history(token, state, 0))
@@ -907,10 +951,7 @@ class FhirServer:
             "elements": None, "total": "accurate", "ignored": [], "self": f"{self.base}/Patient/{pid}/$everything",
         }
         all_refs = found + referenced
-        try:
-            count = self._count(int(q["_count"]) if "_count" in q else None)
-        except ValueError:
-            raise bad_request("_count must be an integer") from None
+        count = self._count(_non_negative(q["_count"], "_count") if "_count" in q else None)
         state["everything"] = all_refs
         state["count"] = count
         token = self._remember(state, [*list(q.items()), ("$everything", pid)])
