@@ -14,6 +14,7 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 
 from fhirgym.fhir import FhirServer, InProcessClient, Request, ServerConfig, Store
+from fhirgym.fhir._server import http_date
 
 BASE = "http://localhost:8080/fhir"
 SYS = "http://example.org/mrn"
@@ -95,7 +96,8 @@ def test_create_assigns_id_and_answers_201_with_location_and_etag(client):
     assert resp.headers["ETag"] == 'W/"1"'
     assert body["meta"]["versionId"] == "1"
     assert INSTANT_RE.match(body["meta"]["lastUpdated"])
-    assert resp.headers["Last-Modified"] == body["meta"]["lastUpdated"]
+    assert resp.headers["Last-Modified"] == http_date(body["meta"]["lastUpdated"])  # an HTTP-date
+    assert re.fullmatch(r"\w{3}, \d{2} \w{3} \d{4} \d{2}:\d{2}:\d{2} GMT", resp.headers["Last-Modified"])
     assert body["identifier"] == [{"system": SYS, "value": "1"}]
     # two creates never share an id
     assert client.create(patient("2")).body["id"] != rid

@@ -335,9 +335,12 @@ def _batch(server: FhirServer, entries: list) -> dict:
                 [Issue("fatal", "exception", f"Bundle.entry[{n}]: internal error: {exc!r}")])}})
             continue
         response: dict = {"status": _status(resp.status)}
-        for header, key in (("Location", "location"), ("ETag", "etag"), ("Last-Modified", "lastModified")):
+        for header, key in (("Location", "location"), ("ETag", "etag")):
             if header in resp.headers:
                 response[key] = resp.headers[header]
+        meta = resp.body.get("meta") if resp.body is not None else None
+        if "Last-Modified" in resp.headers and isinstance(meta, dict) and "lastUpdated" in meta:
+            response["lastModified"] = meta["lastUpdated"]  # an instant here, not the header's HTTP-date
         item: dict = {"response": response}
         if resp.body is not None and resp.body.get("resourceType") != "OperationOutcome":
             item["resource"] = resp.body

@@ -8,6 +8,7 @@ precise 4xx status (one error path, see :mod:`._errors`); a 5xx means a bug in f
 from __future__ import annotations
 
 import copy
+import email.utils
 import hashlib
 import logging
 import random
@@ -97,6 +98,11 @@ def format_instant(epoch: float) -> str:
     dt = datetime.fromtimestamp(epoch, UTC)
     return (f"{dt.year:04d}-{dt.month:02d}-{dt.day:02d}T{dt.hour:02d}:{dt.minute:02d}:{dt.second:02d}."
             f"{dt.microsecond // 1000:03d}Z")
+
+
+def http_date(instant: str) -> str:
+    """A stored ``lastUpdated`` instant as the HTTP-date a ``Last-Modified`` header carries (RFC 9110)."""
+    return email.utils.format_datetime(datetime.fromisoformat(instant.replace("Z", "+00:00")), usegmt=True)
 
 
 def _etag(version: int) -> str:
@@ -391,7 +397,7 @@ class FhirServer:
     def _write_response(self, record: Record, status: int, req: Request | None) -> Response:
         headers = {
             "ETag": _etag(record.version),
-            "Last-Modified": record.last_updated,
+            "Last-Modified": http_date(record.last_updated),
             "Location": f"{self.base}/{record.rtype}/{record.id}/_history/{record.version}",
         }
         prefer = (req.headers.get("prefer", "") if req else "").lower()
@@ -608,7 +614,7 @@ class FhirServer:
         if deleted:
             raise FhirError(410, f"{rtype}/{rid} was deleted (version {version})", "deleted",
                             headers={"ETag": _etag(version)})
-        return Response(200, orjson.loads(data), {"ETag": _etag(version), "Last-Modified": last_updated})
+        return Response(200, orjson.loads(data), {"ETag": _etag(version), "Last-Modified": http_date(last_updated)})
 
     def _vread(self, rtype: str, rid: str, vid: str) -> Response:
         if not vid.isascii() or not vid.isdigit():
@@ -621,7 +627,7 @@ class FhirServer:
         last_updated, _method, data = row
         if data is None:
             raise FhirError(410, f"Version {vid} of {rtype}/{rid} is a deletion", "deleted")
-        return Response(200, orjson.loads(data), {"ETag": _etag(int(vid)), "Last-Modified": last_updated})
+        return Response(200, orjson.loads(data), {"ETag": _etag(int(vid)), "Last-Modified": http_date(last_updated)})
 
     # -- search --------------------------------------------------------------------------------------
     def _lenient(self, req: Request) -> bool:
