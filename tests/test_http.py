@@ -350,3 +350,8 @@ def test_a_slow_request_does_not_block_the_event_loop(live):
         assert not waiting
     slow.join(timeout=30)
     assert waiting[0].status_code == 200
+
+
+def test_json_with_a_zero_weight_is_not_acceptable(web):
+    assert_outcome(web.get("/fhir/metadata", headers={"Accept": "application/fhir+json;q=0"}), 406)
+    assert web.get("/fhir/metadata", headers={"Accept": "application/fhir+json;q=0.5"}).status_code == 200

@@ -995,3 +995,16 @@ def test_paging_numbers_are_ascii_digits(client, value):
     assert client.request("GET", "", {"_getpages": token, "_getpagesoffset": "1", "_count": value}).status == 400
     assert client.request("GET", "_history", {"_count": value}).status == 400
     assert client.request("GET", "Patient/pg0/$everything", {"_count": value}).status == 400
+
+
+def test_metadata_modes_other_than_full_are_refused(client):
+    assert client.request("GET", "metadata", {"mode": "full"}).status == 200
+    resp = client.request("GET", "metadata", {"mode": "terminology"})
+    assert resp.status == 400 and "not supported" in issues(resp)[0]["diagnostics"]
+
+
+def test_return_minimal_holds_when_if_none_exist_finds_the_resource(client):
+    client.create(patient("rm"))
+    resp = client.request("POST", "Patient", body=patient("rm"),
+                          headers={"If-None-Exist": f"identifier={SYS}|rm", "Prefer": "return=minimal"})
+    assert resp.status == 200 and resp.body is None and resp.headers["ETag"] == 'W/"1"'

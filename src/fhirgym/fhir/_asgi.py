@@ -123,7 +123,9 @@ def _check_path(request: HttpRequest) -> None:
 
 def _accepts_json(accept: str) -> bool:
     for part in accept.split(","):
-        media = part.split(";")[0].strip().lower()
+        media, *params = (p.strip().lower() for p in part.split(";"))
         if media in ("*/*", "application/*", "application/json", "application/fhir+json", "application/json+fhir"):
-            return True
+            weights = [p.partition("=")[2].strip() for p in params if p.partition("=")[0].strip() == "q"]
+            if not weights or weights[0].strip("0.") != "":  # q=0 (0.0, 0.000): "not acceptable" (RFC 9110)
+                return True
     return False

@@ -207,6 +207,10 @@ class FhirServer:
         if head == "metadata" and len(parts) == 1:
             if method != "GET":
                 raise FhirError(405, "metadata supports GET only", "not-supported")
+            for key, value in req.query:
+                if key == "mode" and value != "full":
+                    raise bad_request(f"metadata mode={value!r} is not supported (only 'full': a CapabilityStatement)",
+                                      "not-supported", ("mode",))
             from ._capability import capability_statement
 
             if self._capability is None:
@@ -529,7 +533,10 @@ class FhirServer:
                 if len(existing) > 1:
                     raise FhirError(412, f"If-None-Exist matched {len(existing)} resources", "duplicate")
                 if existing:
-                    return self._read(rtype, existing[0])
+                    found = self._read(rtype, existing[0])
+                    if "return=minimal" in req.headers.get("prefer", "").lower():
+                        found.body = None
+                    return found
             rec = self.create(rtype, body)
         return self._write_response(rec, 201, req)
 
