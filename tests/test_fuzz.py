@@ -81,7 +81,8 @@ def seeded():
 TYPES = ["Patient", "Observation", "Encounter", "Appointment", "Practitioner", "Bundle", "Foo", "patient",
          "OperationOutcome", "Parameters"]
 IDS = ["p1", "p2", "o1", "e1", "a1", "dr1", "nope", "x';DROP TABLE resources;--", "..", "../etc", "a" * 65,
-       "a" * 64, "%00", "-", "é", " ", "$everything", "_history", "1.2.3"]
+       "a" * 64, "%00", "-", "é", " ", "$everything", "_history", "1.2.3", "abc\n", "99999999999999999999",
+       "\u00b2", "\u0663"]
 SPECIAL = ["_history", "$validate", "$everything", "$meta", "_search", "metadata", "$export", ""]
 
 text = st.text(max_size=12)
@@ -106,13 +107,15 @@ PREFIXES = ["", "eq", "ne", "gt", "lt", "ge", "le", "sa", "eb", "ap", "zz"]
 VALUES = ["p1", "Patient/p1", "http://sys|1", "|1", "http://sys|", "1980", "1980-02-03", "2024-01-02T10:00:00Z",
           "1974-13-45", "72|http://unitsofmeasure.org|/min", "72", "-1", "0", "1e400", "NaN", "true", "false",
           "Observation:subject", "Patient:*", "*", "json", "xml", "text/html", "delete", "name,gender", "count",
-          "accurate", "8867-4$72", "", ",", "\\,", "'", "%", "\x00"]
+          "accurate", "8867-4$72", "", ",", "\\,", "'", "%", "\x00", " ", "1e999999999", "\u00b2", "\u0663",
+          "1_000", "99999999999999999999", "8867-4$1e999999999", "a" * 3000]
 values = st.one_of(st.tuples(st.sampled_from(PREFIXES), st.sampled_from(VALUES)).map("".join), text,
                    st.integers().map(str), st.floats(allow_nan=True).map(str))
 names = st.one_of(st.tuples(st.sampled_from(PARAM_NAMES), st.sampled_from(MODIFIERS)).map("".join), text)
 queries = st.lists(st.tuples(names, values), max_size=5)
 
-header_values = st.one_of(text, st.sampled_from(['W/"1"', 'W/"2"', '"1"', "W/", 'W/"x"', "*", "1", 'W/"99999999999"']))
+header_values = st.one_of(text, st.sampled_from(['W/"1"', 'W/"2"', '"1"', "W/", 'W/"x"', "*", "1", 'W/"99999999999"',
+                                                 'W/"99999999999999999999"', 'W/"\u00b2"', "1_0"]))
 headers = st.fixed_dictionaries({}, optional={
     "if-match": header_values,
     "if-none-exist": st.one_of(st.tuples(names, values).map(lambda t: f"{t[0]}={t[1]}"), text,
@@ -172,8 +175,9 @@ def bundles(draw) -> dict:
         entry["request"] = draw(st.one_of(
             st.just({"method": method, "url": url}),
             st.fixed_dictionaries({"method": st.just(method), "url": st.just(url)},
-                                  optional={"ifNoneExist": st.sampled_from(["identifier=http://sys|1", "x=y", ""]),
-                                            "ifMatch": header_values}),
+                                  optional={"ifNoneExist": st.one_of(st.sampled_from(["identifier=http://sys|1",
+                                                                                     "x=y", ""]), json_values),
+                                            "ifMatch": st.one_of(header_values, json_values)}),
             json_values,
         ))
         if draw(st.booleans()):
@@ -254,6 +258,12 @@ def check(server: FhirServer, req: Request) -> Response:
     {"request": {"method": "DELETE", "url": "Patient/p1"}, "resource": True}]})
 @example(method="POST", path="Observation", query=[], hdrs={}, body={
     "resourceType": "Observation", "status": "final", "code": {"text": "x"}, "valueQuantity": {"value": 2**70}})
+# found by black-box probing over HTTP (each was a 500)
+@example(method="GET", path="Observation", query=[("value-quantity", "1e999999999")], hdrs={}, body=None)
+@example(method="GET", path="Patient/p1/_history/99999999999999999999", query=[], hdrs={}, body=None)
+@example(method="GET", path="Patient/p1/_history/\u00b2", query=[], hdrs={}, body=None)
+@example(method="POST", path="", query=[], hdrs={}, body={"resourceType": "Bundle", "type": "batch", "entry": [
+    {"request": {"method": "POST", "url": "Patient", "ifNoneExist": 5}, "resource": {"resourceType": "Patient"}}]})
 def test_any_request_is_answered_cleanly(seeded, method, path, query, hdrs, body):
     server = seeded.fresh()
     check(server, Request(method, path, query, hdrs, body))
@@ -283,6 +293,7 @@ def test_batch_and_transaction_bundles(seeded, bundle, raw):
         assert len(resp.body.get("entry", [])) == len(bundle["entry"])
         for entry in resp.body.get("entry", []):
             assert entry["response"]["status"][:3].isdigit()
+            assert not entry["response"]["status"].startswith("5"), entry  # a batch entry's 500 is a bug too
 
 
 @FUZZ

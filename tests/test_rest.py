@@ -1008,3 +1008,10 @@ def test_return_minimal_holds_when_if_none_exist_finds_the_resource(client):
     resp = client.request("POST", "Patient", body=patient("rm"),
                           headers={"If-None-Exist": f"identifier={SYS}|rm", "Prefer": "return=minimal"})
     assert resp.status == 200 and resp.body is None and resp.headers["ETag"] == 'W/"1"'
+
+
+def test_history_since_takes_the_extreme_instants_of_fhir_years(client):
+    client.create(patient())
+    assert client.request("GET", "_history", {"_since": "0001-01-01T00:00:00+14:00"}).body["total"] == 1
+    assert client.request("GET", "_history", {"_since": "9999-12-31T23:59:59-14:00"}).body["total"] == 0
+    assert client.request("GET", "_history", {"_since": "\uff12\uff10\uff12\uff10"}).status == 400  # fullwidth digits

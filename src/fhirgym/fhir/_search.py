@@ -43,6 +43,23 @@ PREFIXES = ("eq", "ne", "gt", "lt", "ge", "le", "sa", "eb", "ap")
 _MAX_CHAIN = 4
 _MAX_OR_VALUES = 100
 
+# Limits of one search, checked while parsing so that exceeding one is a 400 naming it: beyond them
+# SQLite fails (expression trees deeper than 1000, joins of more than 64 tables, LIKE patterns over
+# 50,000 bytes: a 500) or the query runs for minutes. Each is far above what a real client sends.
+
+#: Search criteria per request: every parameter counts one, and so does every level of a chain or
+#: ``_has`` for every target type it is tried on (``Task?subject.derived-from._id`` alone is 1,324,
+#: which took 1 s; one more level took 74 s). 1,000 plain parameters exceed SQLite's expression depth.
+MAX_CRITERIA = 300
+#: Values per request: every comma-separated value of every parameter, again for each target type of a
+#: chain or ``_has``. SQLite looks parameters up by name linearly, so preparing a query costs the square
+#: of their number: 1,000 quantity values (4,000 parameters) take 0.3 s, 6,000 took 16 s.
+MAX_VALUES = 1000
+#: ``_sort`` keys, over all ``_sort`` parameters (each is a join).
+MAX_SORT_KEYS = 16
+#: Characters of one search value (one item of a comma-separated list).
+MAX_VALUE_LENGTH = 4096
+
 
 class SqlParams:
     """Accumulates named SQL parameters so predicate text can appear in several UNION branches."""
@@ -51,14 +68,41 @@ class SqlParams:
         self.values: dict[str, object] = {}
         self.ctes: list[str] = []  # ``name AS (select)``, in dependency order
         self.sides = sides  # schemas holding rows (:meth:`Store.sides`); both is always correct
+        self.criteria = 0  # criteria compiled so far, for MAX_CRITERIA
+        self.searched = 0  # values compiled so far, for MAX_VALUES
+        self.key = ""  # the query parameter being compiled, for error messages
+        self._names: dict[tuple[type, object], str] = {}
+
+    def count_criterion(self) -> None:
+        """Charge one criterion against :data:`MAX_CRITERIA`."""
+        self.criteria += 1
+        if self.criteria > MAX_CRITERIA:
+            raise bad_request(
+                f"Too many search criteria at '{self.key}': at most {MAX_CRITERIA} per search, where every "
+                "parameter counts one and so does every level of a chain or _has for each target type",
+                "too-costly",
+            )
+
+    def count_values(self, n: int) -> None:
+        """Charge the ``n`` values of one criterion against :data:`MAX_VALUES`."""
+        self.searched += n
+        if self.searched > MAX_VALUES:
+            raise bad_request(
+                f"Too many search values at '{self.key}': at most {MAX_VALUES} per search, counting every "
+                "comma-separated value, again for each target type of a chain or _has",
+                "too-costly",
+            )
 
     def merged(self, table: str, where: str = "", cols: str = "*") -> str:
         """:func:`merged` over the schemas this query runs on."""
         return merged(table, where, cols, self.sides)
 
     def __call__(self, value: object) -> str:
-        name = f"p{len(self.values)}"
-        self.values[name] = value
+        key = (type(value), value)  # one parameter per distinct value: each costs SQLite a linear look-up
+        name = self._names.get(key)
+        if name is None:
+            name = self._names[key] = f"p{len(self.values)}"
+            self.values[name] = value
         return f":{name}"
 
     def cte(self, select: str) -> str:
@@ -122,6 +166,26 @@ def _like_escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
+#: SQLite's limit on a LIKE pattern, in UTF-8 bytes (SQLITE_MAX_LIKE_PATTERN_LENGTH; above it the query
+#: fails). MAX_VALUE_LENGTH keeps ordinary values far below it, but normalisation can expand a
+#: character (NFKD turns U+FDFA into 18) and escaping doubles '%' and '_'.
+_MAX_LIKE_BYTES = 50_000
+
+
+def _like(column: str, pattern: str, P: SqlParams, code: str) -> str:
+    """``column LIKE pattern`` (``\\`` escapes), or a 400 when SQLite would refuse the pattern."""
+    if len(pattern.encode()) > _MAX_LIKE_BYTES:
+        raise bad_request(f"'{code}': search value too long once normalised (at most {_MAX_LIKE_BYTES} bytes)",
+                          "too-long")
+    return f"{column} LIKE {P(pattern)} ESCAPE '\\'"
+
+
+def _blank(part: str) -> bool:
+    """A component (of a token, identifier or quantity) that is given but only whitespace: no FHIR
+    system or code is, so it is an error rather than a condition that silently matches nothing."""
+    return bool(part) and not part.strip()
+
+
 def _prefix(value: str) -> tuple[str, str]:
     if len(value) >= 2 and value[:2] in PREFIXES and (len(value) == 2 or not value[2].isalpha()):
         return value[:2], value[2:]
@@ -165,6 +229,7 @@ class SearchEngine:
         self.unsupported = unsupported
         self.base_url = base_url.rstrip("/")
         self.now = time.time  # for the ``ap`` prefix on dates; a frozen clock replaces it
+        self._valuesets: dict[str, str] = {}  # see _valueset_json
 
     # -- parameter lookup --------------------------------------------------------------------------
     def param(self, rtype: str, code: str) -> SearchParam:
@@ -209,6 +274,7 @@ class SearchEngine:
                 raise bad_request(f"Modifier ':{mod}' is not supported on {base} (only :iterate)", "not-supported")
             (req.include if base == "_include" else req.revinclude).append(self._parse_include(base, value, True))
             return
+        req.params.key = key
         if key.startswith("_has:"):
             req.where.append(self._has(rtype, key, value, req.params, 0))
             return
@@ -216,13 +282,12 @@ class SearchEngine:
 
     def _parse_control(self, req: SearchRequest, key: str, value: str) -> None:
         if key == "_count":
-            try:
-                n = int(value)
-            except ValueError:
-                raise bad_request(f"_count must be a non-negative integer, got {value!r}") from None
-            if n < 0:
+            # ASCII digits only: int() also takes '+5', ' 5', '1_0' and non-ASCII digits such as '١'
+            if not (value.isascii() and value.isdigit()):
                 raise bad_request(f"_count must be a non-negative integer, got {value!r}")
-            req.count = n
+            # the server caps any count at its page size; int() of over 4,300 digits would raise
+            digits = value.lstrip("0")
+            req.count = int(digits or "0") if len(digits) <= 18 else 10**18
         elif key == "_sort":
             for item in value.split(","):
                 item = item.strip()
@@ -233,6 +298,8 @@ class SearchEngine:
                 p = self.param(req.rtype, code)
                 if p.type == "composite":
                     raise bad_request(f"Cannot sort on composite parameter '{code}'", "not-supported")
+                if len(req.sort) >= MAX_SORT_KEYS:
+                    raise bad_request(f"Too many _sort keys: at most {MAX_SORT_KEYS}", "too-costly")
                 req.sort.append((code, desc))
         elif key in ("_include", "_revinclude"):
             req_list = req.include if key == "_include" else req.revinclude
@@ -284,6 +351,7 @@ class SearchEngine:
         """One ``name[:mod][.chain]=value`` term as a set of ids of ``rtype`` (or its complement)."""
         if depth > _MAX_CHAIN:
             raise bad_request(f"Chain too deep in '{key}'")
+        P.count_criterion()
         head, dot, rest = key.partition(".")
         name, _, modifier = head.partition(":")
         p = self.param(rtype, name)
@@ -310,6 +378,12 @@ class SearchEngine:
         values = split_or(value)
         if len(values) > _MAX_OR_VALUES:
             raise bad_request(f"Too many values for '{key}' (at most {_MAX_OR_VALUES})")
+        P.count_values(len(values))
+        for v in values:
+            if len(v) > MAX_VALUE_LENGTH:
+                raise bad_request(
+                    f"Value of '{key}' is {len(v)} characters long: at most {MAX_VALUE_LENGTH}", "too-long"
+                )
         if modifier == "missing":
             if value not in ("true", "false"):
                 raise bad_request(f"{key} must be true or false, got {value!r}")
@@ -373,6 +447,7 @@ class SearchEngine:
         """``_has:Type:refParam:param=value``: resources referenced by matching resources of Type."""
         if depth > _MAX_CHAIN:
             raise bad_request("_has nested too deep")
+        P.count_criterion()
         parts = key.split(":", 3)
         if len(parts) != 4 or not all(parts[1:]):
             raise bad_request(f"Malformed _has parameter '{key}': expected _has:Type:reference:parameter")
@@ -403,14 +478,14 @@ class SearchEngine:
             return c.get(name, name)
 
         t = p.type
-        if raw == "":
-            raise bad_request(f"Empty value for search parameter '{p.code}'")
+        if not raw.strip():  # no type gives a blank value a meaning; as a string it would match everything
+            raise bad_request(f"Empty value for search parameter '{p.code}'" + (f" ({raw!r})" if raw else ""))
         if t == "string":
-            v = normalize_string(unescape(raw))
             if modifier == "exact":
                 return f"{col('exact')} = {P(unescape(raw))}"
+            v = self._normalized(p, raw)
             if modifier == "contains":
-                return f"{col('norm')} LIKE {P('%' + _like_escape(v) + '%')} ESCAPE '\\'"
+                return _like(col("norm"), "%" + _like_escape(v) + "%", P, p.code)
             return f"({col('norm')} >= {P(v)} AND {col('norm')} < {P(v + chr(0x10FFFF))})"
         if t == "token":
             return self._token_pred(p, modifier, raw, P, col)
@@ -422,40 +497,57 @@ class SearchEngine:
             prefix, num = _prefix(raw)
             try:
                 lo, hi, val = number_range(num)
-            except ValueError:
-                raise bad_request(f"'{p.code}': {raw!r} is not a number", "value") from None
+            except ValueError as exc:
+                raise bad_request(f"'{p.code}': {raw!r} is not a number: {exc}", "value") from None
             return self._numeric_pred(prefix, lo, hi, val, col("value"), P)
         if t == "quantity":
             return self._quantity_pred(p, raw, P, col)
         if t == "uri":
             v = unescape(raw)
             if modifier == "below":
-                return f"({col('uri')} = {P(v)} OR {col('uri')} LIKE {P(_like_escape(v.rstrip('/')) + '/%')} ESCAPE '\\')"
+                return f"({col('uri')} = {P(v)} OR {_like(col('uri'), _like_escape(v.rstrip('/')) + '/%', P, p.code)})"
             if modifier == "above":
                 prefixes = _uri_prefixes(v)
                 return f"{col('uri')} IN ({', '.join(P(x) for x in prefixes)})"
             return f"{col('uri')} = {P(v)}"
         raise bad_request(f"Search parameter '{p.code}' of type {t} is not supported", "not-supported")
 
+    @staticmethod
+    def _normalized(p: SearchParam, raw: str) -> str:
+        """The normalised form string and ``:text`` search compare; a value normalising to nothing (only
+        combining marks, say) would match every resource, so it is refused like an empty one."""
+        v = normalize_string(unescape(raw))
+        if not v:
+            raise bad_request(f"'{p.code}': {raw!r} has no searchable characters (it normalises to nothing)", "value")
+        return v
+
+    def _valueset_json(self, url: str) -> str | None:
+        """The expansion of a ValueSet as a JSON array of [system, code] pairs (None: not expandable),
+        built once per ValueSet: a large one takes milliseconds to sort and serialise."""
+        canonical = url.split("|", 1)[0]  # as the spec keys them; bounded by its ValueSets
+        pairs = self._valuesets.get(canonical)
+        if pairs is None:
+            codes = self.spec.valueset_codes(url)
+            if codes is None:
+                return None
+            pairs = self._valuesets[canonical] = orjson.dumps(sorted(codes)).decode()
+        return pairs
+
     def _token_pred(self, p: SearchParam, modifier: str, raw: str, P: SqlParams, col) -> str:
         if modifier == "text":
-            v = normalize_string(unescape(raw))
-            return (
-                f"({col('text')} LIKE {P(_like_escape(v) + '%')} ESCAPE '\\' OR "
-                f"{col('text')} LIKE {P('% ' + _like_escape(v) + '%')} ESCAPE '\\')"
-            )
+            v = _like_escape(self._normalized(p, raw))
+            return f"({_like(col('text'), v + '%', P, p.code)} OR {_like(col('text'), '% ' + v + '%', P, p.code)})"
         if modifier == "in":
-            codes = self.spec.valueset_codes(unescape(raw))
-            if codes is None:
+            pairs = self._valueset_json(unescape(raw))
+            if pairs is None:
                 raise bad_request(f"ValueSet {raw!r} is unknown or cannot be expanded here", "not-supported")
-            if not codes:
-                return "0"
-            ors = [f"({col('system')} = {P(s)} AND {col('code')} = {P(k)})" for s, k in sorted(codes)]
-            return "(" + " OR ".join(ors) + ")"
+            # one JSON parameter, not an OR per code: a chain of thousands of ORs (c80-doc-typecodes has
+            # 6,401 codes) exceeds SQLite's expression depth of 1000
+            return f"({col('system')}, {col('code')}) IN (SELECT value->>0, value->>1 FROM json_each({P(pairs)}))"
         parts = _split_unescaped(raw, "|")
         if len(parts) == 1:
             return f"{col('code')} = {P(unescape(parts[0]))}"
-        if len(parts) != 2:
+        if len(parts) != 2 or any(_blank(x) for x in parts):
             raise bad_request(f"'{p.code}': malformed token {raw!r} (expected [system]|[code])", "value")
         system, code = unescape(parts[0]), unescape(parts[1])
         if system and code:
@@ -468,19 +560,21 @@ class SearchEngine:
 
     def _reference_pred(self, rtype: str, p: SearchParam, modifier: str, raw: str, P: SqlParams, col) -> str:
         v = unescape(raw)
-        if modifier == "identifier":
+        if modifier == "identifier":  # token semantics, as for an identifier parameter
             parts = _split_unescaped(raw, "|")
             if len(parts) == 1:
                 return f"{col('ident_value')} = {P(unescape(parts[0]))}"
+            if len(parts) != 2 or any(_blank(x) for x in parts):
+                raise bad_request(f"'{p.code}:identifier': malformed identifier {raw!r} (expected [system]|[value])",
+                                  "value")
             system, code = unescape(parts[0]), unescape(parts[1])
-            conds = []
+            if system and code:
+                return f"({col('ident_system')} = {P(system)} AND {col('ident_value')} = {P(code)})"
+            if code:  # |value: an identifier without a system
+                return f"({col('ident_system')} IS NULL AND {col('ident_value')} = {P(code)})"
             if system:
-                conds.append(f"{col('ident_system')} = {P(system)}")
-            if code:
-                conds.append(f"{col('ident_value')} = {P(code)}")
-            if not conds:
-                raise bad_request(f"'{p.code}:identifier': empty identifier {raw!r}", "value")
-            return "(" + " AND ".join(conds) + ")"
+                return f"{col('ident_system')} = {P(system)}"
+            raise bad_request(f"'{p.code}:identifier': empty identifier {raw!r}", "value")
         if modifier:  # a resource type modifier: the value is an id
             return f"({col('target_type')} = {P(modifier)} AND {col('target_id')} = {P(v)})"
         if self.base_url and v.startswith(self.base_url + "/"):
@@ -541,13 +635,13 @@ class SearchEngine:
 
     def _quantity_pred(self, p: SearchParam, raw: str, P: SqlParams, col) -> str:
         parts = _split_unescaped(raw, "|")
-        if len(parts) not in (1, 3):
+        if len(parts) not in (1, 3) or any(_blank(x) for x in parts):
             raise bad_request(f"'{p.code}': malformed quantity {raw!r} (expected [prefix]number[|system|code])", "value")
         prefix, num = _prefix(parts[0])
         try:
             lo, hi, val = number_range(num)
-        except ValueError:
-            raise bad_request(f"'{p.code}': {raw!r} does not start with a number", "value") from None
+        except ValueError as exc:
+            raise bad_request(f"'{p.code}': {raw!r} does not start with a number: {exc}", "value") from None
         conds = [self._numeric_pred(prefix, lo, hi, val, col("value"), P)]
         if len(parts) == 3:
             system, code = unescape(parts[1]), unescape(parts[2])

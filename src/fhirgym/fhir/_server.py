@@ -28,7 +28,7 @@ from ._errors import FhirError, Issue, bad_request, invalid_resource, not_found,
 from ._refs import iter_references, reference_strings, reference_strings_json, rewrite_references
 from ._search import SearchEngine, check_format
 from ._store import Record, Store, history_sql
-from ._values import split_reference
+from ._values import END_INSTANT, date_range, split_reference
 
 log = logging.getLogger("fhirgym.fhir")
 
@@ -874,13 +874,11 @@ class FhirServer:
             args.append(rid)
         if "_since" in q:
             try:
-                from ._values import date_range
-
-                since = datetime.fromtimestamp(date_range(q["_since"])[0], UTC)
-            except (ValueError, OverflowError, OSError):
+                lo = date_range(q["_since"])[0]
+            except ValueError:
                 raise bad_request(f"_since must be an instant, got {q['_since']!r}") from None
-            conds.append("last_updated >= ?")
-            args.append(format_instant(since.timestamp()))
+            conds.append("last_updated >= ?")  # the end of year 9999 is beyond datetime: its last second
+            args.append(format_instant(min(lo, END_INSTANT - 1)))
         unknown = set(q) - {"_since", "_count", "_format", "_pretty"}
         if unknown:
             raise bad_request(f"Unsupported _history parameter(s): {', '.join(sorted(unknown))}", "not-supported")

@@ -9,19 +9,33 @@ compare.
 from __future__ import annotations
 
 import calendar
+import math
 import re
 import unicodedata
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 #: Stand-ins for open period ends (SQLite REAL handles them, and they sort correctly).
 MIN_TIME = -1.0e18
 MAX_TIME = 1.0e18
 
+#: ``re.ASCII``: otherwise ``\d`` also matches '²', fullwidth and Arabic-Indic digits, which int() accepts.
 _DATE_RE = re.compile(
     r"^(?P<y>\d{4})(?:-(?P<m>\d{2})(?:-(?P<d>\d{2})"
     r"(?:T(?P<H>\d{2})(?::(?P<M>\d{2})(?::(?P<S>\d{2})(?P<f>\.\d+)?)?)?"
-    r"(?P<tz>Z|[+-]\d{2}:\d{2})?)?)?)?$"
+    r"(?P<tz>Z|[+-]\d{2}:\d{2})?)?)?)?$",
+    re.ASCII,
 )
+
+#: FHIR's decimal (R4 datatypes). Python's Decimal() would also take '1_000', '+1', '.5', 'NaN',
+#: 'Infinity' and non-ASCII digits, none of which is a FHIR number.
+_DECIMAL_RE = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+#: Largest decimal exponent of a finite float (1.7e308): the index cannot compare numbers beyond it.
+_MAX_EXPONENT = 308
+
+#: The span FHIR's years 0001-9999 cover in UTC. A time-zone offset can move an instant of the first or
+#: last day outside it, where callers converting to :class:`datetime` would fail: ranges are clamped.
+FIRST_INSTANT = float(calendar.timegm((1, 1, 1, 0, 0, 0, 0, 0, 0)))
+END_INSTANT = float(calendar.timegm((9999, 12, 31, 0, 0, 0, 0, 0, 0)) + 86400)
 
 
 def normalize_string(value: str) -> str:
@@ -41,6 +55,8 @@ def date_range(value: str) -> tuple[float, float]:
     if not m:
         raise ValueError(f"not a FHIR date/dateTime: {value!r}")
     year = int(m["y"])
+    if year == 0:
+        raise ValueError(f"year 0000 does not exist in {value!r}")
     month = int(m["m"] or 1)
     day = int(m["d"] or 1)
     if not 1 <= month <= 12:
@@ -63,37 +79,48 @@ def date_range(value: str) -> tuple[float, float]:
         offset = sign * (int(tz[1:3]) * 3600 + int(tz[4:6]) * 60)
     base = calendar.timegm((year, month, day, hour, minute, min(second, 59), 0, 0, 0)) - offset
     if m["m"] is None:
-        return float(base), float(calendar.timegm((year + 1, 1, 1, 0, 0, 0, 0, 0, 0)))
-    if m["d"] is None:
-        ny, nm = (year + 1, 1) if month == 12 else (year, month + 1)
-        return float(base), float(calendar.timegm((ny, nm, 1, 0, 0, 0, 0, 0, 0)))
-    if m["H"] is None:
-        return float(base), float(base + 86400)
-    if m["S"] is None:
-        return float(base), float(base + 60)
-    frac = m["f"]
-    if frac:
-        digits = len(frac) - 1
-        lo = base + float("0" + frac)
-        return lo, lo + 10.0**-digits
-    return float(base), float(base + 1)
+        lo, hi = float(base), _month_start(year + 1, 1)
+    elif m["d"] is None:
+        lo, hi = float(base), _month_start(year + (month == 12), month % 12 + 1)
+    elif m["H"] is None:
+        lo, hi = float(base), float(base + 86400)
+    elif m["S"] is None:
+        lo, hi = float(base), float(base + 60)
+    elif m["f"]:
+        lo = base + float("0" + m["f"])
+        hi = lo + 10.0 ** -(len(m["f"]) - 1)
+    else:
+        lo, hi = float(base), float(base + 1)
+    return min(max(lo, FIRST_INSTANT), END_INSTANT), min(max(hi, FIRST_INSTANT), END_INSTANT)
+
+
+def _month_start(year: int, month: int) -> float:
+    """Epoch seconds of the first of a month; year 10000 (the end of 9999) is beyond :mod:`datetime`."""
+    return END_INSTANT if year > 9999 else float(calendar.timegm((year, month, 1, 0, 0, 0, 0, 0, 0)))
 
 
 def number_range(value: str | float | int) -> tuple[float, float, float]:
     """``(lo, hi, value)``: the implicit precision range of a number as written (``100`` → [99.5, 100.5)).
 
-    Raises ValueError for non-numbers.
+    Raises ValueError (only) for anything but a FHIR decimal, and for numbers beyond the range of the
+    floats the index compares (``1e999999999`` would otherwise overflow Decimal's context).
     """
-    try:
-        d = Decimal(str(value).strip())
-    except InvalidOperation as exc:
-        raise ValueError(f"not a number: {value!r}") from exc
-    if not d.is_finite():
-        raise ValueError(f"not a finite number: {value!r}")
+    text = str(value).strip()
+    if not _DECIMAL_RE.fullmatch(text):
+        raise ValueError(f"{value!r} is not a FHIR decimal")
+    d = Decimal(text)
     exponent = d.as_tuple().exponent
     assert isinstance(exponent, int)
-    half = Decimal(5) * Decimal(10) ** (exponent - 1)
-    return float(d - half), float(d + half), float(d)
+    if d.adjusted() > _MAX_EXPONENT:  # also a zero written with a huge exponent, 0e999999999
+        raise ValueError(f"{value!r} is beyond the range of searchable numbers (±1.7e308)")
+    try:
+        half = Decimal(5) * Decimal(10) ** (exponent - 1)
+        out = float(d - half), float(d + half), float(d)
+    except ArithmeticError as exc:  # decimal's signals; unreachable within the bounds above
+        raise ValueError(f"{value!r} is beyond the range of searchable numbers (±1.7e308)") from exc
+    if not all(map(math.isfinite, out)):
+        raise ValueError(f"{value!r} is beyond the range of searchable numbers (±1.7e308)")
+    return out
 
 
 def split_reference(ref: str) -> tuple[str | None, str | None, str | None]:
