@@ -2,8 +2,9 @@
 
 The FHIR API is served under ``/fhir``. Admin operations (snapshot, reset) exist only when the app is
 built with ``admin=True`` and live under a separate ``/admin`` prefix, never under the FHIR base.
-Requests are served in a thread: a slow one (a 10 MB resource, a large search) then holds the store's
-lock, not the event loop, so uploads keep being read and refused (413) and unknown paths answered.
+Requests are served on the event loop, not in a thread: the server answers one at a time anyway (one
+SQLite connection behind a lock), and a hop to a thread and back cost about 1 ms per request here
+(``Condition?patient`` over HTTP 2.5 → 2.9 ms p50; a chained search's p95 6 → 34 ms).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from urllib.parse import parse_qsl
 
 import orjson
 from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response as HttpResponse
@@ -66,7 +66,7 @@ def create_app(server: FhirServer, admin: bool = False) -> Starlette:
             body=body,
             raw=not pretty,  # orjson serialises the answer: stored JSON is spliced in, not re-parsed
         )
-        return _render(await run_in_threadpool(server.handle, req), pretty)
+        return _render(server.handle(req), pretty)
 
     async def admin_op(request: HttpRequest) -> HttpResponse:
         op = request.path_params["op"]
