@@ -1015,3 +1015,55 @@ def test_history_since_takes_the_extreme_instants_of_fhir_years(client):
     assert client.request("GET", "_history", {"_since": "0001-01-01T00:00:00+14:00"}).body["total"] == 1
     assert client.request("GET", "_history", {"_since": "9999-12-31T23:59:59-14:00"}).body["total"] == 0
     assert client.request("GET", "_history", {"_since": "\uff12\uff10\uff12\uff10"}).status == 400  # fullwidth digits
+
+
+def test_validate_modes_and_profile(two_patients):
+    client = two_patients
+    server_params = {"resourceType": "Parameters", "parameter": [{"name": "mode", "valueCode": "delete"}]}
+    would_fail = client.request("POST", "Patient/p1/$validate", body=server_params)
+    assert would_fail.status == 200 and issues(would_fail)[0]["code"] == "conflict"  # referenced by its Observations
+    put(client, {**patient(), "id": "lonely"})
+    free = client.request("POST", "Patient/lonely/$validate", {"mode": "delete"})
+    assert free.status == 200 and issues(free)[0]["severity"] == "information"
+    assert client.request("POST", "Patient/nope/$validate", {"mode": "delete"}).status == 404
+    assert client.request("POST", "Patient/$validate", {"mode": "bogus"}, body=patient()).status == 400
+    other_id = client.request("POST", "Patient/p1/$validate", {"mode": "update"}, body={**patient(), "id": "other"})
+    assert [i["severity"] for i in issues(other_id)] == ["error"] and "not the id in the URL" in \
+        issues(other_id)[0]["diagnostics"]
+    no_id = client.request("POST", "Patient/$validate", {"mode": "update"}, body=patient())
+    assert issues(no_id)[0]["code"] == "required"
+    profiled = client.request("POST", "Patient/$validate", {"profile": "http://nope"}, body=patient())
+    assert [(i["severity"], i["code"]) for i in issues(profiled)] == [("warning", "not-supported")]
+    two = {"resourceType": "Parameters", "parameter": [{"name": "resource", "resource": patient()}] * 2}
+    assert client.request("POST", "Patient/$validate", body=two).status == 400
+
+
+def test_everything_takes_parameters_by_post_and_checks_types(two_patients):
+    client = two_patients
+    body = {"resourceType": "Parameters", "parameter": [{"name": "_count", "valueInteger": 2},
+                                                       {"name": "_type", "valueString": "Observation"}]}
+    page = client.request("POST", "Patient/p1/$everything", body=body).body
+    assert page["total"] == 4 and len(page["entry"]) == 2  # the patient and its 3 Observations, 2 a page
+    assert client.request("POST", "Patient/p1/$everything", body=patient()).status == 400
+    bad_param = {"resourceType": "Parameters", "parameter": [{"name": "_count"}]}
+    assert client.request("POST", "Patient/p1/$everything", body=bad_param).status == 400
+    both = client.request("GET", "Patient/p1/$everything", [("_type", "Observation"), ("_type", "Encounter")]).body
+    assert {r.split("/")[0] for r in _refs(both)} == {"Patient", "Observation", "Encounter"}
+    assert client.request("GET", "Patient/p1/$everything", {"_type": "Foo"}).status == 400
+    assert client.request("GET", "Patient/p1/$everything", {"_type": ""}).status == 400
+
+
+def test_history_says_201_for_the_version_that_brings_a_deleted_resource_back(client):
+    put(client, {**patient(), "id": "back"})
+    client.delete("Patient", "back")
+    assert client.update({**patient(), "id": "back"}).status == 201
+    statuses = [e["response"]["status"] for e in client.history("Patient", "back").body["entry"]]
+    assert statuses == ["201", "204", "201"]  # newest first
+
+
+def test_bundle_urls_may_be_absolute_on_this_server(client):
+    put(client, {**patient(), "id": "abs"})
+    resp = client.transaction(tx([{"request": {"method": "GET", "url": f"{BASE}/Patient/abs"}},
+                                  {"request": {"method": "GET", "url": f"{BASE}/Patient?_id=abs"}}], "batch"))
+    assert [e["response"]["status"] for e in resp.body["entry"]] == ["200 OK", "200 OK"]
+    assert resp.body["entry"][1]["resource"]["total"] == 1

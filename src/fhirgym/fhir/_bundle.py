@@ -43,7 +43,7 @@ def _entry_error(n: int, err: FhirError) -> FhirError:
     return FhirError(err.status, issues[0].diagnostics, issues[0].code, issues[0].expression, issues=issues)
 
 
-def _parse_entries(bundle: dict) -> list[tuple[int, dict, str, str, dict | None]]:
+def _parse_entries(bundle: dict, base: str) -> list[tuple[int, dict, str, str, dict | None]]:
     if bundle.get("resourceType") != "Bundle":
         raise bad_request("POST to the base URL expects a Bundle of type batch or transaction", "invalid",
                           ("resourceType",))
@@ -80,7 +80,10 @@ def _parse_entries(bundle: dict) -> list[tuple[int, dict, str, str, dict | None]
         if method in ("POST", "PUT") and not isinstance(resource, dict):
             raise bad_request(f"Bundle.entry[{n}] ({method}) needs a resource", "required",
                               (f"Bundle.entry[{n}].resource",))
-        out.append((n, entry, method, request["url"].lstrip("/"), resource))
+        url = request["url"]
+        if url.startswith(base + "/") or url == base:  # an absolute url on this server: relative to its base
+            url = url[len(base):]
+        out.append((n, entry, method, url.lstrip("/"), resource))
     _check_full_urls(out)
     return out
 
@@ -104,7 +107,7 @@ def _check_full_urls(entries: list) -> None:
 def process_bundle(server: FhirServer, bundle: dict) -> Response:
     from ._server import Response
 
-    entries = _parse_entries(bundle)
+    entries = _parse_entries(bundle, server.base)
     if bundle["type"] == "batch":
         return Response(200, _batch(server, entries))
     # references are rewritten in place: work on copies, never on the caller's (in-process) objects

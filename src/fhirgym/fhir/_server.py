@@ -893,6 +893,11 @@ class FhirServer:
         token = self._remember(state, [*req.query, ("_history", req.path)])
         return Response(200, self._render_history(token, state, 0))
 
+    def _recreated(self, rtype: str, rid: str, version: int) -> bool:
+        """Whether this version brought a deleted resource back (a create, as its response said: 201)."""
+        before = self.store.version(rtype, rid, version - 1)
+        return before is not None and before[2] is None
+
     def _render_history(self, token: str, state: dict, offset: int) -> dict:
         rows = state["history"]
         count = state["count"]
@@ -904,7 +909,7 @@ class FhirServer:
             if data is not None:
                 entry["resource"] = orjson.loads(data)
             entry["request"] = {"method": method, "url": f"{t}/{i}" if method != "POST" else t}
-            status = "201" if version == 1 and data is not None else "200" if data is not None else "204"
+            status = "204" if data is None else "201" if version == 1 or self._recreated(t, i, version) else "200"
             entry["response"] = {"status": status, "etag": _etag(version), "lastModified": lu}
             entries.append(entry)
         links = self._page_links(token, state, offset, len(rows))
@@ -915,28 +920,68 @@ class FhirServer:
 
     # -- operations ----------------------------------------------------------------------------------
     def _validate_op(self, req: Request, rtype: str, rid: str | None) -> Response:
-        data = self._json_body(req)
+        """``$validate`` (R4: the resource, or Parameters with ``resource``, ``mode`` and ``profile``)."""
+        data = self._json_body(req) if req.body or rid is None else {"resourceType": "Parameters"}
+        options = dict(req.query)
         if data.get("resourceType") == "Parameters":
             params = data.get("parameter", [])
             params = params if isinstance(params, list) else []
+            options.update(self._operation_params([p for p in params if not (isinstance(p, dict)
+                                                                             and p.get("name") == "resource")]))
             found = [p.get("resource") for p in params if isinstance(p, dict) and p.get("name") == "resource"]
-            if not found or not isinstance(found[0], dict):
-                raise bad_request("$validate Parameters need a 'resource' parameter", "required")
-            data = found[0]
+            if len(found) > 1:
+                raise bad_request("$validate Parameters take one 'resource' parameter", "structure")
+            data = found[0] if found else None
+        mode = options.get("mode", "create")
+        if mode not in ("create", "update", "delete", "profile"):
+            raise bad_request(f"$validate mode must be create, update, delete or profile; got {mode!r}", "code-invalid",
+                              ("mode",))
+        if mode == "delete":  # the resource is the stored one: would deleting it succeed?
+            if rid is None:
+                raise bad_request("$validate mode=delete is an instance operation: Type/id/$validate", "invalid")
+            self._read(rtype, rid)  # 404 / 410
+            referrers = self.store.referrers(rtype, rid, limit=6) if self.config.referential_integrity else []
+            issues = [Issue("error", "conflict", f"{rtype}/{rid} is referenced by {t}/{i}: a delete would be refused "
+                                                 "(409) unless cascading") for t, i in referrers[:5]]
+            return Response(200, operation_outcome(issues or [Issue("information", "informational",
+                                                                    "Validation successful: the delete would succeed")]))
+        if not isinstance(data, dict):
+            raise bad_request("$validate Parameters need a 'resource' parameter", "required")
         if data.get("resourceType") != rtype:
             raise bad_request(f"$validate on {rtype} got a {data.get('resourceType')!r}")
         issues = self.validator.validate(data)
+        if mode == "update" and data.get("id") is None:
+            issues.append(Issue("error", "required", "mode=update: the resource needs an id", (f"{rtype}.id",)))
+        elif mode == "update" and rid is not None and data.get("id") != rid:
+            issues.append(Issue("error", "invalid", f"mode=update: the resource's id {data.get('id')!r} is not the "
+                                                    f"id in the URL ({rid!r})", (f"{rtype}.id",)))
+        profile = options.get("profile")
+        if profile is not None and profile != f"http://hl7.org/fhir/StructureDefinition/{rtype}":
+            issues.append(Issue("warning", "not-supported", f"Profile {profile!r} is not known here: validated "
+                                                            f"against the core {rtype} definition only"))
         if not issues:
             issues = [Issue("information", "informational", "Validation successful: no issues")]
         return Response(200, operation_outcome(issues))
 
     def _everything(self, req: Request, pid: str) -> Response:
         self._read("Patient", pid)  # 404 / 410 as for a read
-        q = dict(req.query)
+        pairs = list(req.query)
+        if req.body:  # POST: a Parameters body means the same as the query parameters
+            body = self._json_body(req)
+            if body.get("resourceType") != "Parameters":
+                raise bad_request("POST $everything takes a Parameters body", "invalid", ("resourceType",))
+            params = body.get("parameter", [])
+            pairs += self._operation_params(params if isinstance(params, list) else [params])
+        q = dict(pairs)
         unknown = set(q) - {"_count", "_type", "_format", "_pretty"}
         if unknown:
             raise bad_request(f"Unsupported $everything parameter(s): {', '.join(sorted(unknown))}", "not-supported")
-        types = set(q["_type"].split(",")) if "_type" in q else None
+        types = None
+        if "_type" in q:  # repeated or comma-separated: either type
+            types = {t.strip() for k, v in pairs if k == "_type" for t in v.split(",")}
+            bad = sorted(t for t in types if not self.spec.is_resource_type(t))
+            if bad:
+                raise bad_request(f"$everything _type: not resource types: {bad}", "invalid", ("_type",))
         found: list[tuple[str, str]] = [("Patient", pid)]
         for t, codes in sorted(self.spec.patient_compartment.items()):
             if t == "Patient" or (types is not None and t not in types) or not self.spec.is_resource_type(t):
@@ -967,6 +1012,20 @@ class FhirServer:
         state["count"] = count
         token = self._remember(state, [*list(q.items()), ("$everything", pid)])
         return Response(200, self._render_everything(token, state, 0))
+
+    @staticmethod
+    def _operation_params(params: list) -> list[tuple[str, str]]:
+        """(name, value) of an operation's Parameters entries with primitive values, as query parameters."""
+        out = []
+        for n, p in enumerate(params):
+            values = [v for k, v in p.items() if k.startswith("value")] if isinstance(p, dict) else []
+            if not isinstance(p, dict) or not isinstance(p.get("name"), str) or len(values) != 1 \
+                    or not isinstance(values[0], str | int | float | bool):
+                raise bad_request(f"Parameters.parameter[{n}] needs a name and one primitive value[x]", "structure",
+                                  (f"Parameters.parameter[{n}]",))
+            value = values[0]
+            out.append((p["name"], str(value).lower() if isinstance(value, bool) else str(value)))
+        return out
 
     def _render_everything(self, token: str, state: dict, offset: int) -> dict:
         refs = state["everything"]
