@@ -1067,3 +1067,15 @@ def test_bundle_urls_may_be_absolute_on_this_server(client):
                                   {"request": {"method": "GET", "url": f"{BASE}/Patient?_id=abs"}}], "batch"))
     assert [e["response"]["status"] for e in resp.body["entry"]] == ["200 OK", "200 OK"]
     assert resp.body["entry"][1]["resource"]["total"] == 1
+
+
+def test_a_paging_token_sent_to_the_type_gives_that_page(client):
+    for k in range(3):
+        put(client, {**patient(), "id": f"tp{k}"})
+    first = client.search("Patient", {"_count": "1", "_sort": "_id"}).body
+    (next_url,) = [lk["url"] for lk in first["link"] if lk["relation"] == "next"]
+    token = dict(parse_qsl(urlsplit(next_url).query))["_getpages"]
+    page = client.request("GET", "Patient", {"_getpages": token, "_getpagesoffset": "2", "_count": "1"})
+    assert page.status == 200 and [e["resource"]["id"] for e in page.body["entry"]] == ["tp2"]
+    assert client.request("GET", "Observation", {"_getpages": token}).status == 400
+    assert client.request("GET", "Patient", {"_getpages": "nope"}).status == 410

@@ -103,3 +103,11 @@ def test_download_failure_message_names_the_remedy(tmp_path, monkeypatch):
         package_path()
     msg = str(info.value)
     assert "hl7.fhir.r4.core" in msg and "FHIRGYM_SPEC_TGZ" in msg and SHA256 in msg
+
+
+def test_unknown_valueset_urls_are_not_remembered(spec):
+    before = len(spec._expansions)
+    for n in range(50):
+        assert spec.valueset_codes(f"http://example.org/ValueSet/{n}") is None
+    assert len(spec._expansions) == before
+    assert spec.valueset_codes("http://hl7.org/fhir/ValueSet/administrative-gender") is not None

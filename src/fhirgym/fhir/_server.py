@@ -224,6 +224,12 @@ class FhirServer:
         if not self.spec.is_resource_type(rtype):
             raise not_found(f"Unknown resource type '{rtype}'")
         if len(parts) == 1:
+            if method == "GET" and any(k == "_getpages" for k, _ in req.query):
+                # a paging token sent to the type (our links are on the base): that page, not a fresh search
+                state = self._pages.get(dict(req.query)["_getpages"])
+                if state is not None and (state.get("rtype") != rtype or "everything" in state or "history" in state):
+                    raise bad_request(f"The paging token is not one of a {rtype} search", "invalid", ("_getpages",))
+                return self._page(req)
             if method == "GET":
                 return self._search(req, rtype, req.query)
             if method == "POST":

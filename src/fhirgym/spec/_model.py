@@ -145,6 +145,8 @@ class Spec:
         url = url.split("|", 1)[0]
         if url in self._expansions:
             return self._expansions[url]
+        if url not in self.valuesets:  # not remembered: the URLs clients send are unbounded
+            return None
         self._expansions[url] = None  # guards against include cycles
         result = self._expand(url)
         self._expansions[url] = result
