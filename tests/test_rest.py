@@ -1079,3 +1079,30 @@ def test_a_paging_token_sent_to_the_type_gives_that_page(client):
     assert page.status == 200 and [e["resource"]["id"] for e in page.body["entry"]] == ["tp2"]
     assert client.request("GET", "Observation", {"_getpages": token}).status == 400
     assert client.request("GET", "Patient", {"_getpages": "nope"}).status == 410
+
+
+def test_conditional_read(client, server):
+    put(client, {**patient(), "id": "cr"})
+    current = client.read("Patient", "cr")
+    etag, modified = current.headers["ETag"], current.headers["Last-Modified"]
+    same = client.request("GET", "Patient/cr", headers={"If-None-Match": etag})
+    assert same.status == 304 and same.body is None and same.headers["ETag"] == etag
+    assert client.request("GET", "Patient/cr", headers={"If-None-Match": 'W/"9", *'}).status == 304
+    assert client.request("GET", "Patient/cr", headers={"If-Modified-Since": modified}).status == 304
+    assert client.request("GET", "Patient/cr", headers={"If-Modified-Since": "Mon, 01 Jan 1990 00:00:00 GMT"}).status == 200
+    assert client.request("GET", "Patient/cr", headers={"If-Modified-Since": "yesterday"}).status == 200  # ignored
+    put(client, {**patient(gender="male"), "id": "cr"})
+    changed = client.request("GET", "Patient/cr", headers={"If-None-Match": etag})
+    assert changed.status == 200 and changed.body["gender"] == "male"
+    rest = client.capabilities().body["rest"][0]["resource"]
+    assert {r["conditionalRead"] for r in rest} == {"full-support"}
+
+
+def test_elements_takes_top_level_names_and_self_links_keep_their_query(client):
+    put(client, {**patient(), "id": "el"})
+    assert client.search("Patient", {"_elements": "name.family"}).status == 400
+    assert client.search("Patient", {"_elements": "name,gender"}).status == 200
+    history = client.request("GET", "Patient/el/_history", {"_count": "5"}).body
+    assert history["link"][0]["url"].endswith("Patient/el/_history?_count=5")
+    everything = client.request("GET", "Patient/el/$everything", {"_count": "5"}).body
+    assert everything["link"][0]["url"].endswith("Patient/el/$everything?_count=5")

@@ -33,7 +33,7 @@ def capability_statement(server: FhirServer) -> dict:
             "readHistory": True,
             "updateCreate": True,
             "conditionalCreate": True,
-            "conditionalRead": "not-supported",
+            "conditionalRead": "full-support",
             "conditionalUpdate": True,
             "conditionalDelete": "single",
             "referencePolicy": ["literal", "local"],

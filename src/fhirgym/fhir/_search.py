@@ -310,6 +310,10 @@ class SearchEngine:
             req.summary = value
         elif key == "_elements":
             req.elements = [e.strip() for e in value.split(",") if e.strip()]
+            nested = [e for e in req.elements if not e.replace("_", "").isalnum() or not e.isascii()]
+            if nested:  # R4's _elements names top-level elements only; 'name.family' used to keep nothing
+                raise bad_request(f"_elements takes top-level element names, got {nested}", "not-supported",
+                                  ("_elements",))
         elif key == "_total":
             if value not in ("none", "estimate", "accurate"):
                 raise bad_request(f"_total must be none, estimate or accurate; got {value!r}")

@@ -259,7 +259,7 @@ class FhirServer:
             raise bad_request(f"Invalid resource id {rid!r} (ids are 1-64 of A-Z a-z 0-9 - .)")
         if len(parts) == 2:
             if method == "GET":
-                return self._read(rtype, rid)
+                return self._not_modified(req, self._read(rtype, rid))
             if method == "PUT":
                 return self._update(req, rtype, rid)
             if method == "DELETE":
@@ -629,6 +629,23 @@ class FhirServer:
                             headers={"ETag": _etag(version)})
         return Response(200, orjson.loads(data), {"ETag": _etag(version), "Last-Modified": http_date(last_updated)})
 
+    @staticmethod
+    def _not_modified(req: Request, resp: Response) -> Response:
+        """Conditional read: 304 when the client's copy is current (``If-None-Match`` takes precedence over
+        ``If-Modified-Since``, whose unparseable dates are ignored, as HTTP says)."""
+        etag, modified = resp.headers["ETag"], resp.headers["Last-Modified"]
+        tags = req.headers.get("if-none-match")
+        if tags is not None:
+            current = etag.removeprefix("W/")
+            fresh = any(t.strip() == "*" or t.strip().removeprefix("W/") == current for t in tags.split(","))
+        else:
+            try:
+                since = email.utils.parsedate_to_datetime(req.headers.get("if-modified-since", ""))
+                fresh = since.tzinfo is not None and email.utils.parsedate_to_datetime(modified) <= since
+            except (TypeError, ValueError):
+                fresh = False
+        return Response(304, None, {"ETag": etag, "Last-Modified": modified}) if fresh else resp
+
     def _vread(self, rtype: str, rid: str, vid: str) -> Response:
         if not vid.isascii() or not vid.isdigit():
             raise bad_request(f"Version id must be a positive integer, got {vid!r}")
@@ -895,7 +912,8 @@ class FhirServer:
             args * 4,
         )
         count = self._count(_non_negative(q["_count"], "_count") if "_count" in q else None)
-        state = {"history": rows, "count": count, "self": f"{self.base}/{req.path}"}
+        state = {"history": rows, "count": count,
+                 "self": f"{self.base}/{req.path}" + (f"?{urlencode(req.query)}" if req.query else "")}
         token = self._remember(state, [*req.query, ("_history", req.path)])
         return Response(200, self._render_history(token, state, 0))
 
@@ -1010,7 +1028,8 @@ class FhirServer:
                     referenced.append(pair)
         state = {
             "rtype": "Patient", "ids": [], "count": 0, "include": [], "revinclude": [], "summary": None,
-            "elements": None, "total": "accurate", "ignored": [], "self": f"{self.base}/Patient/{pid}/$everything",
+            "elements": None, "total": "accurate", "ignored": [],
+            "self": f"{self.base}/Patient/{pid}/$everything" + (f"?{urlencode(req.query)}" if req.query else ""),
         }
         all_refs = found + referenced
         count = self._count(_non_negative(q["_count"], "_count") if "_count" in q else None)
