@@ -997,6 +997,20 @@ def test_paging_numbers_are_ascii_digits(client, value):
     assert client.request("GET", "Patient/pg0/$everything", {"_count": value}).status == 400
 
 
+
+def test_paging_numbers_of_thousands_of_digits_are_capped_not_a_500(client):
+    for k in range(3):
+        put(client, {**patient(), "id": f"pd{k}"})
+    first = client.search("Patient", {"_count": "1"}).body
+    (next_url,) = [lk["url"] for lk in first["link"] if lk["relation"] == "next"]
+    token = dict(parse_qsl(urlsplit(next_url).query))["_getpages"]
+    huge = "9" * 5000  # int() refuses strings of over 4,300 digits
+    beyond = client.request("GET", "", {"_getpages": token, "_getpagesoffset": huge})
+    assert beyond.status == 200 and "entry" not in beyond.body
+    assert client.request("GET", "_history", {"_count": huge}).status == 200
+    assert client.request("GET", "Patient/pd0/$everything", {"_count": huge}).status == 200
+
+
 def test_metadata_modes_other_than_full_are_refused(client):
     assert client.request("GET", "metadata", {"mode": "full"}).status == 200
     resp = client.request("GET", "metadata", {"mode": "terminology"})

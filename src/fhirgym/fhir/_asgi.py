@@ -4,7 +4,7 @@ The FHIR API is served under ``/fhir``. Admin operations (snapshot, reset) exist
 built with ``admin=True`` and live under a separate ``/admin`` prefix, never under the FHIR base.
 Requests are served on the event loop, not in a thread: the server answers one at a time anyway (one
 SQLite connection behind a lock), and a hop to a thread and back cost about 1 ms per request here
-(``Condition?patient`` over HTTP 2.5 → 2.9 ms p50; a chained search's p95 6 → 34 ms).
+(``Condition?patient`` over HTTP 2.5 → 2.9 ms p50; a chained search's p95 about 8 → 34 ms).
 """
 
 from __future__ import annotations

@@ -183,15 +183,7 @@ def _transaction(server: FhirServer, entries: list) -> dict:
                                           f"({rid!r})", "invalid", ("id",))
                 elif len(segs) == 1 and query:
                     rtype = segs[0]
-                    matches = server.search_engine.find(server.store, rtype, query)
-                    if len(matches) > 1:
-                        raise FhirError(412, f"Conditional update matched {len(matches)} resources", "multiple-matches")
-                    if matches and resource.get("id") not in (None, matches[0]):
-                        raise bad_request(f"Body id {resource.get('id')!r} differs from the matched resource "
-                                          f"{matches[0]}", "invalid", ("id",))
-                    if not matches and resource.get("id") is not None:
-                        server._check_unmatched_id(rtype, resource.get("id"))
-                    rid = matches[0] if matches else (resource.get("id") or server.new_id())
+                    rid = server.conditional_update_target(rtype, query, resource)[0] or server.new_id()
                 else:
                     raise bad_request(f"PUT url must be Type/id or Type?search, got {url!r}")
                 if not server.spec.is_resource_type(rtype):
@@ -295,10 +287,8 @@ def _delete_target(server: FhirServer, url: str) -> tuple[str, str] | None:
         if not ID_RE.fullmatch(segs[1]):
             raise bad_request(f"Invalid resource id {segs[1]!r} (ids are 1-64 of A-Z a-z 0-9 - .)", "invalid")
         return segs[0], segs[1]
-    matches = server.search_engine.find(server.store, segs[0], query)
-    if len(matches) > 1:
-        raise FhirError(412, f"Conditional delete matched {len(matches)} resources", "multiple-matches")
-    return (segs[0], matches[0]) if matches else None
+    match = server.single_match(segs[0], query, "delete")
+    return (segs[0], match) if match is not None else None
 
 
 def _written(server: FhirServer, rec, status: int) -> dict:

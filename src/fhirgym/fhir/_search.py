@@ -186,6 +186,16 @@ def _blank(part: str) -> bool:
     return bool(part) and not part.strip()
 
 
+def non_negative_int(value: str, name: str) -> int:
+    """A count or offset given in a request: ASCII digits only (``int`` also takes '+5', ' 5', '1_0' and
+    non-ASCII digits such as '١'), capped at 10**18 (``int`` of over 4,300 digits raises; every caller
+    caps far lower anyway)."""
+    if not (value.isascii() and value.isdigit()):
+        raise bad_request(f"{name} must be a non-negative integer, got {value!r}", "invalid", (name,))
+    digits = value.lstrip("0")
+    return int(digits or "0") if len(digits) <= 18 else 10**18
+
+
 def _prefix(value: str) -> tuple[str, str]:
     if len(value) >= 2 and value[:2] in PREFIXES and (len(value) == 2 or not value[2].isalpha()):
         return value[:2], value[2:]
@@ -282,12 +292,7 @@ class SearchEngine:
 
     def _parse_control(self, req: SearchRequest, key: str, value: str) -> None:
         if key == "_count":
-            # ASCII digits only: int() also takes '+5', ' 5', '1_0' and non-ASCII digits such as '١'
-            if not (value.isascii() and value.isdigit()):
-                raise bad_request(f"_count must be a non-negative integer, got {value!r}")
-            # the server caps any count at its page size; int() of over 4,300 digits would raise
-            digits = value.lstrip("0")
-            req.count = int(digits or "0") if len(digits) <= 18 else 10**18
+            req.count = non_negative_int(value, "_count")
         elif key == "_sort":
             for item in value.split(","):
                 item = item.strip()

@@ -26,7 +26,7 @@ import orjson
 from ..spec import Spec, load_spec
 from ._errors import FhirError, Issue, bad_request, invalid_resource, not_found, operation_outcome
 from ._refs import iter_references, reference_strings, reference_strings_json, rewrite_references
-from ._search import SearchEngine, check_format
+from ._search import SearchEngine, check_format, non_negative_int
 from ._store import Record, Store, history_sql
 from ._values import END_INSTANT, date_range, split_reference
 
@@ -118,13 +118,6 @@ def _parse_etag(value: object) -> int:
     if not _VERSION_RE.fullmatch(v):
         raise bad_request(f"Malformed If-Match/ETag value {value!r} (expected W/\"<version>\")")
     return int(v)
-
-
-def _non_negative(value: str, name: str) -> int:
-    """A paging number: ASCII digits only (``int`` also takes "٣", "1_000" and " 5 ")."""
-    if not value.isascii() or not value.isdigit():
-        raise bad_request(f"{name} must be a non-negative integer, got {value!r}", "invalid", (name,))
-    return int(value)
 
 
 def _cascade(query: list[tuple[str, str]]) -> bool:
@@ -570,30 +563,39 @@ class FhirServer:
             raise FhirError(405, f"PUT /{rtype} needs an id or search parameters (conditional update)", "not-supported")
         body = self._resource_body(req, rtype)
         with self.store.transaction():
-            matches = self.search_engine.find(self.store, rtype, req.query)
-            if len(matches) > 1:
-                raise FhirError(412, f"Conditional update matched {len(matches)} resources", "multiple-matches")
-            if not matches:
-                rid = body.get("id")
-                if rid is not None:
-                    self._check_unmatched_id(rtype, rid)
-                    rec, created = self.update(rtype, rid, body)
-                else:
-                    rec, created = self.create(rtype, body), True
+            rid, matched = self.conditional_update_target(rtype, req.query, body)
+            if matched:
+                rec, created = self.update(rtype, rid, {**body, "id": rid}, self._if_match(req))
+            elif rid is not None:
+                rec, created = self.update(rtype, rid, body)
             else:
-                if body.get("id") not in (None, matches[0]):
-                    raise bad_request(f"Body id {body.get('id')!r} differs from the matched resource {matches[0]}")
-                body = {**body, "id": matches[0]}
-                rec, created = self.update(rtype, matches[0], body, self._if_match(req))
+                rec, created = self.create(rtype, body), True
         return self._write_response(rec, 201 if created else 200, req)
 
-    def _check_unmatched_id(self, rtype: str, rid: object) -> None:
-        """A conditional update that matched nothing may create the body's id, never overwrite another
-        resource that has it (R5 spells this out: 409)."""
+    def single_match(self, rtype: str, query: list[tuple[str, str]], interaction: str) -> str | None:
+        """The one resource a conditional update or delete selects: None when nothing matches, 412 when
+        several do."""
+        matches = self.search_engine.find(self.store, rtype, query)
+        if len(matches) > 1:
+            raise FhirError(412, f"Conditional {interaction} matched {len(matches)} resources", "multiple-matches")
+        return matches[0] if matches else None
+
+    def conditional_update_target(self, rtype: str, query: list[tuple[str, str]], body: dict
+                                  ) -> tuple[str | None, bool]:
+        """(id a conditional update writes, whether the criteria selected it): the match (the body's id,
+        if any, must be the same); else the body's id, which must not be an existing resource the
+        criteria did not select (R5 spells this out: 409); else None, for a new id."""
+        match = self.single_match(rtype, query, "update")
+        rid = body.get("id")
+        if match is not None:
+            if rid not in (None, match):
+                raise bad_request(f"Body id {rid!r} differs from the matched resource {match}", "invalid", ("id",))
+            return match, True
         cur = self.store.current(rtype, rid) if isinstance(rid, str) else None
         if cur is not None and not cur[2]:
             raise FhirError(409, f"The conditional update matched no resource, but {rtype}/{rid} (the body's id) "
                                  "exists and is not what the criteria select", "conflict")
+        return rid, False
 
     def _delete(self, req: Request, rtype: str, rid: str) -> Response:
         cascade = _cascade(req.query)
@@ -611,13 +613,11 @@ class FhirServer:
             raise FhirError(405, f"DELETE /{rtype} needs an id or search parameters (conditional delete)",
                             "not-supported")
         with self.store.transaction():
-            matches = self.search_engine.find(self.store, rtype, query)
-            if len(matches) > 1:
-                raise FhirError(412, f"Conditional delete matched {len(matches)} resources", "multiple-matches")
-            if not matches:
+            match = self.single_match(rtype, query, "delete")
+            if match is None:
                 return Response(204)
-            self.delete(rtype, matches[0], cascade=cascade)
-        return Response(200, operation_outcome([Issue("information", "informational", f"Deleted {rtype}/{matches[0]}")]))
+            self.delete(rtype, match, cascade=cascade)
+        return Response(200, operation_outcome([Issue("information", "informational", f"Deleted {rtype}/{match}")]))
 
     def _read(self, rtype: str, rid: str) -> Response:
         cur = self.store.current(rtype, rid)
@@ -676,7 +676,7 @@ class FhirServer:
         state = {
             "rtype": rtype, "ids": ids, "count": count, "include": sreq.include, "revinclude": sreq.revinclude,
             "summary": sreq.summary, "elements": sreq.elements, "total": sreq.total, "ignored": sreq.ignored,
-            "self": f"{self.base}/{rtype}" + (f"?{urlencode(query)}" if query else ""),
+            "self": self._self_url(rtype, query),
         }
         return self._render_page(self._remember(state, query), state, 0, raw)
 
@@ -706,8 +706,8 @@ class FhirServer:
         state = self._pages.get(token)
         if state is None:
             raise FhirError(410, f"Paging token {token!r} is unknown or has expired; repeat the search", "not-found")
-        offset = _non_negative(q.get("_getpagesoffset", "0"), "_getpagesoffset")
-        count = _non_negative(q["_count"], "_count") if "_count" in q else state["count"]
+        offset = non_negative_int(q.get("_getpagesoffset", "0"), "_getpagesoffset")
+        count = non_negative_int(q["_count"], "_count") if "_count" in q else state["count"]
         state = {**state, "count": min(count, self.config.max_count)}
         if "everything" in state:
             return Response(200, self._render_everything(token, state, offset))
@@ -748,6 +748,10 @@ class FhirServer:
         if entries:
             bundle["entry"] = entries
         return bundle
+
+    def _self_url(self, path: str, query: list[tuple[str, str]]) -> str:
+        """The self link of the first page of a result list: the request as it was made."""
+        return f"{self.base}/{path}" + (f"?{urlencode(query)}" if query else "")
 
     def _page_url(self, token: str, offset: int, count: int) -> str:
         return f"{self.base}?_getpages={quote(token)}&_getpagesoffset={offset}&_count={count}"
@@ -911,9 +915,8 @@ class FhirServer:
             "ORDER BY last_updated DESC, version DESC",
             args * 4,
         )
-        count = self._count(_non_negative(q["_count"], "_count") if "_count" in q else None)
-        state = {"history": rows, "count": count,
-                 "self": f"{self.base}/{req.path}" + (f"?{urlencode(req.query)}" if req.query else "")}
+        count = self._count(non_negative_int(q["_count"], "_count") if "_count" in q else None)
+        state = {"history": rows, "count": count, "self": self._self_url(req.path, req.query)}
         token = self._remember(state, [*req.query, ("_history", req.path)])
         return Response(200, self._render_history(token, state, 0))
 
@@ -1029,10 +1032,10 @@ class FhirServer:
         state = {
             "rtype": "Patient", "ids": [], "count": 0, "include": [], "revinclude": [], "summary": None,
             "elements": None, "total": "accurate", "ignored": [],
-            "self": f"{self.base}/Patient/{pid}/$everything" + (f"?{urlencode(req.query)}" if req.query else ""),
+            "self": self._self_url(f"Patient/{pid}/$everything", req.query),
         }
         all_refs = found + referenced
-        count = self._count(_non_negative(q["_count"], "_count") if "_count" in q else None)
+        count = self._count(non_negative_int(q["_count"], "_count") if "_count" in q else None)
         state["everything"] = all_refs
         state["count"] = count
         token = self._remember(state, [*list(q.items()), ("$everything", pid)])
