@@ -353,6 +353,24 @@ def test_reference_to_a_missing_resource_is_422_naming_the_element(client, serve
     assert contained.status == 201
 
 
+def test_a_versioned_reference_must_name_an_existing_version(client, server):
+    put(client, {**patient(), "id": "p1"})
+    put(client, {**patient(), "id": "p1", "active": False})  # version 2
+    for ref in ("Patient/p1/_history/1", "Patient/p1/_history/2", f"{BASE}/Patient/p1/_history/2"):
+        assert client.create(obs(ref)).status == 201, ref
+    with unchanged(server):
+        for ref in ("Patient/p1/_history/3", "Patient/p1/_history/0", "Patient/p1/_history/v1",
+                    "Patient/p1/_history/99999999999999999999"):
+            resp = client.create(obs(ref))
+            assert resp.status == 422 and expressions(resp) == ["Observation.subject"], ref
+            assert f"Referenced version {ref} does not exist" in issues(resp)[0]["diagnostics"]
+    # in a transaction that creates the target, its versions are not known yet: not checked
+    bundle = {"resourceType": "Bundle", "type": "transaction", "entry": [
+        {"resource": {**patient(), "id": "p2"}, "request": {"method": "PUT", "url": "Patient/p2"}},
+        {"resource": obs("Patient/p2/_history/1"), "request": {"method": "POST", "url": "Observation"}}]}
+    assert client.transaction(bundle).status == 200
+
+
 def test_delete_of_a_referenced_resource_is_409_unless_cascading(client, server):
     put(client, {**patient(), "id": "p1"})
     put(client, {**obs("Patient/p1"), "id": "o1"})

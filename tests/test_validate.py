@@ -418,11 +418,61 @@ def test_valid_contained_resource(v: Validator) -> None:
 
 
 def test_invalid_contained_resource(v: Validator) -> None:
-    res = make(PATIENT, contained=[{"resourceType": "Practitioner", "gender": "robot"}, {"name": "no type"}])
+    res = make(PATIENT, contained=[{"resourceType": "Practitioner", "id": "d", "gender": "robot"}, {"name": "no type"}],
+               generalPractitioner=[{"reference": "#d"}])
     assert found(v, res) == [
         ("code-invalid", "Patient.contained[0].gender"),
         ("required", "Patient.contained[1]"),
     ]
+
+
+def test_local_references_resolve_to_contained_resources(v: Validator) -> None:
+    org = {"resourceType": "Organization", "id": "org1", "name": "Acme"}
+    assert found(v, make(PATIENT, managingOrganization={"reference": "#org2"}, contained=[org],
+                         generalPractitioner=[{"reference": "#org1"}])) == [
+        ("not-found", "Patient.managingOrganization.reference")]
+    # without any contained resource, and inside a contained resource (resolved by the container)
+    assert found(v, make(PATIENT, managingOrganization={"reference": "#org1"})) == [
+        ("not-found", "Patient.managingOrganization.reference")]
+    pract = {"resourceType": "PractitionerRole", "id": "r", "organization": {"reference": "#nope"}}
+    assert found(v, make(PATIENT, contained=[pract], generalPractitioner=[{"reference": "#r"}])) == [
+        ("not-found", "Patient.contained[0].organization.reference")]
+    pract["organization"] = {"reference": "#org1"}  # one contained resource referring to another
+    assert v.validate(make(PATIENT, contained=[pract, org], generalPractitioner=[{"reference": "#r"}])) == []
+    # "#" alone is the container itself; a Bundle entry is a container of its own
+    assert v.validate(make(PATIENT, contained=[{"resourceType": "Provenance", "id": "p", "recorded": "2020-01-01T00:00:00Z",
+                                                "agent": [{"who": {"display": "x"}}], "target": [{"reference": "#"}]}])) == []
+    bundle = {"resourceType": "Bundle", "type": "collection", "entry": [
+        {"fullUrl": "urn:uuid:3f0c3f5e-2b4a-4d7e-9a39-6f4f1f7b2c11",
+         "resource": make(PATIENT, contained=[org], managingOrganization={"reference": "#org1"})},
+        {"fullUrl": "urn:uuid:3f0c3f5e-2b4a-4d7e-9a39-6f4f1f7b2c12",
+         "resource": make(PATIENT, managingOrganization={"reference": "#org1"})}]}
+    assert found(v, bundle) == [("not-found", "Bundle.entry[1].resource.managingOrganization.reference")]
+
+
+def test_contained_resource_invariants(v: Validator) -> None:
+    org = {"resourceType": "Organization", "id": "org1", "name": "Acme"}
+    ref = {"managingOrganization": {"reference": "#org1"}}
+    # dom-3: referred to from the container (a canonical "#id" counts too), else an error
+    assert found(v, make(PATIENT, contained=[org])) == [("invariant", "Patient.contained[0]")]
+    assert found(v, make(PATIENT, contained=[{k: x for k, x in org.items() if k != "id"}])) == [
+        ("invariant", "Patient.contained[0]")]
+    q = {"resourceType": "Questionnaire", "status": "active", "contained": [
+        {"resourceType": "ValueSet", "id": "vs", "status": "active"}],
+        "item": [{"linkId": "1", "type": "choice", "answerValueSet": "#vs"}]}
+    assert v.validate(q) == []
+    # dom-2, dom-4, dom-5 and unique ids
+    nested = dict(org, contained=[{"resourceType": "Organization", "id": "x"}])
+    assert ("invariant", "Patient.contained[0].contained") in found(v, make(PATIENT, contained=[nested], **ref))
+    versioned = dict(org, meta={"versionId": "1", "lastUpdated": "2020-01-01T00:00:00Z",
+                                "security": [{"system": "http://x", "code": "R"}]})
+    assert found(v, make(PATIENT, contained=[versioned], **ref)) == [
+        ("invariant", "Patient.contained[0].meta.versionId"),
+        ("invariant", "Patient.contained[0].meta.lastUpdated"),
+        ("invariant", "Patient.contained[0].meta.security"),
+    ]
+    assert found(v, make(PATIENT, contained=[org, dict(org, name="Other")], **ref)) == [
+        ("structure", "Patient.contained[1].id")]
 
 
 def test_bundle_with_invalid_entry_resource(v: Validator) -> None:
@@ -532,7 +582,6 @@ def test_value_sets_that_cannot_be_enumerated_are_skipped(v: Validator, spec: Sp
         "https://example.org/anything?x=1",
         "urn:uuid:3f0c3f5e-2b4a-4d7e-9a39-6f4f1f7b2c11",
         "urn:oid:1.2.840.113619",
-        "#contained1",
         "Patient?identifier=http://hospital.org|123",
     ],
 )
@@ -603,7 +652,7 @@ def test_deep_nesting_is_refused_not_crashed(v: Validator) -> None:
         res = {"resourceType": "Patient", "contained": [res]}
     for deep in (make(PATIENT, extension=slow), res):
         issues = v.validate(deep)
-        assert issues and all(i.code == "structure" for i in issues)
+        assert issues and all(i.code in ("structure", "invariant") for i in issues)
         assert any(f"nested deeper than {MAX_DEPTH} levels" in i.diagnostics for i in issues)
 
 

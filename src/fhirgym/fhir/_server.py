@@ -369,14 +369,30 @@ class FhirServer:
             return
         missing = {t for t in self._local_targets(resource) if not (pending and t in pending)}
         missing = {t for t in missing if not self.store.exists(*t)}
-        if not missing:
+        versions = {ref for ref in reference_strings(resource) if "/_history/" in ref
+                    and self._missing_version(ref, pending, missing)}
+        if not missing and not versions:
             return
-        issues = [
-            Issue("error", "not-found", f"Referenced resource {target[0]}/{target[1]} does not exist", (path,))
-            for path, node in iter_references(resource)
-            if (target := self._local_ref(node["reference"])) in missing
-        ]
+        issues = []
+        for path, node in iter_references(resource):
+            ref = node["reference"]
+            if (target := self._local_ref(ref)) in missing:
+                issues.append(Issue("error", "not-found", f"Referenced resource {target[0]}/{target[1]} does not exist",
+                                    (path,)))
+            elif ref in versions:
+                issues.append(Issue("error", "not-found", f"Referenced version {ref} does not exist", (path,)))
         raise FhirError(422, issues[0].diagnostics, "not-found", issues[0].expression, issues=issues)
+
+    def _missing_version(self, ref: str, pending: set[tuple[str, str]] | None, missing: set) -> bool:
+        """Whether a versioned reference (``Patient/1/_history/2``) to a resource that exists here names a
+        version this server does not have (or one that is a deletion). Versions of resources written in
+        the same transaction are not known yet, and are not checked."""
+        target = self._local_ref(ref)
+        if target is None or target in missing or (pending and target in pending):
+            return False
+        vid = split_reference(ref)[2] or ""
+        row = self.store.version(*target, int(vid)) if _VERSION_RE.fullmatch(vid) else None
+        return row is None or row[2] is None
 
     def _record(self, rtype: str, rid: str, version: int, method: str, body: dict | None,
                 ts: str | None = None) -> Record:

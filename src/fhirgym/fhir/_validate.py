@@ -14,12 +14,15 @@ extensions (``_birthDate``), extension structure (``url`` and exactly one of val
 extensions), ``resourceType``, nested resources (``contained``, ``Bundle.entry.resource``,
 ``Parameters.parameter.resource``), required bindings on ``code``, ``Coding`` and
 ``CodeableConcept`` when the ValueSet can be enumerated from the core package (others, such as
-mimetypes or languages, are skipped), and ``Reference.reference`` syntax and target types.
-``fhir_comments`` is ignored.
+mimetypes or languages, are skipped), ``Reference.reference`` syntax and target types, and the rules
+of contained resources: ``#id`` references resolve to one, ids are unique, and the invariants
+``dom-2`` to ``dom-5`` (no nested ``contained``, each one referred to, no ``meta.versionId``/
+``lastUpdated``, no security labels), written out here as they are cheap and walk nothing unless a
+resource has ``contained`` or a ``#id`` reference. ``fhir_comments`` is ignored.
 
-Not checked, deliberately: FHIRPath invariants (``ele-1``, ``dom-2`` ...; out of scope and slow),
-profiles in ``meta.profile``, extension definitions, extensible/preferred bindings, whether
-``urn:uuid:``/``#id`` references resolve, and xhtml beyond its ``<div`` root. Conditional
+Not checked, deliberately: other FHIRPath invariants (``ele-1``, ``dom-6`` ...; out of scope and
+slow), profiles in ``meta.profile``, extension definitions, extensible/preferred bindings, whether
+``urn:uuid:`` references resolve, and xhtml beyond its ``<div`` root. Conditional
 references (``Patient?identifier=...``) are accepted: they are legal in transactions, which is what
 bulk loads (Synthea) send.
 
@@ -29,8 +32,9 @@ extensions (``_birthDate``) are reported on their element (``Patient.birthDate.e
 nested resources under their container (``Bundle.entry[2].resource.status``).
 
 Issue codes (all severity ``error``): ``structure`` (unknown element, wrong JSON shape, too many
-values, empty or null), ``required`` (missing element or resourceType), ``value`` (bad primitive or
-reference), ``code-invalid`` (outside a required ValueSet). A bug in the validator itself surfaces
+values, empty or null, repeated contained id), ``required`` (missing element or resourceType),
+``value`` (bad primitive or reference), ``code-invalid`` (outside a required ValueSet), ``not-found``
+(a ``#id`` reference without its contained resource), ``invariant`` (``dom-2`` to ``dom-5``). A bug in the validator itself surfaces
 as one ``exception`` issue, never as a raised exception.
 """
 
@@ -172,6 +176,28 @@ def _issue(issues: list[Issue], code: str, path: Path, msg: str) -> None:
     issues.append(Issue("error", code, f"{where}: {msg}", (where,)))
 
 
+class _LocalRef(Issue):
+    """A ``#id`` reference met during the walk (``diagnostics``: the reference), not a problem: a marker
+    its container's :meth:`Validator._resource` takes out of the issues and resolves against its
+    ``contained``. The issue list is the one thing every step of the walk shares, and stays per call."""
+
+    __slots__ = ()
+
+
+def _hash_strings(node: object, out: set[str]) -> set[str]:
+    """Every string starting with ``#`` in ``node`` (references, canonicals and uris to contained ids)."""
+    stack = [node]
+    while stack:
+        v = stack.pop()
+        if type(v) is dict:
+            stack.extend(v.values())
+        elif type(v) is list:
+            stack.extend(v)
+        elif type(v) is str and v[:1] == "#":
+            out.add(v)
+    return out
+
+
 def _kind(v: object) -> str:
     """JSON name of a value's type, for messages."""
     if v is None:
@@ -286,6 +312,7 @@ class Validator:
         try:
             self._resource(resource, "", issues, 0)
         except Exception as exc:  # a bug here must not turn bad input into a server error
+            issues[:] = [i for i in issues if type(i) is not _LocalRef]
             issues.append(Issue("error", "exception", f"Validator failure: {type(exc).__name__}: {exc}", ()))
         return issues
 
@@ -305,7 +332,66 @@ class Validator:
             self._bad_resource(path, issues, f"resourceType {_show(rt)} is not a known R4 resource type")
             return
         plan = self._plans.get(rt) or self._plan(rt)
+        start = len(issues)
         self._object(res, plan, path or rt, issues, depth)
+        if type(path) is tuple and path[1] == "contained":
+            return  # its #id references belong to its container, which checks them
+        contained = res.get("contained")
+        local = [i for i in issues[start:] if type(i) is _LocalRef] if len(issues) > start else []
+        if local or type(contained) is list:
+            if local:
+                issues[start:] = [i for i in issues[start:] if type(i) is not _LocalRef]
+            self._contained(res, contained if type(contained) is list else [], local, path or rt, issues)
+
+    @staticmethod
+    def _contained(res: dict, contained: list, local: list[_LocalRef], path: Path, issues: list[Issue]) -> None:
+        """The rules of contained resources (dom-2 to dom-5) and of ``#id`` references, for one container.
+
+        ``local``: its ``#id`` references, as the walk found them (in contained resources too)."""
+        ids: dict[str, int] = {}
+        for n, c in enumerate(contained):
+            if type(c) is not dict:
+                continue  # the walk has reported it
+            where = (path, "contained", n)
+            cid = c.get("id")
+            if type(cid) is str:
+                if cid in ids:
+                    _issue(issues, "structure", (where, "id"),
+                           f"contained[{ids[cid]}] already has the id {_show(cid)}: contained ids must be unique")
+                else:
+                    ids[cid] = n
+            if "contained" in c:
+                _issue(issues, "invariant", (where, "contained"),
+                       "a contained resource cannot contain resources (dom-2)")
+            meta = c.get("meta")
+            if type(meta) is dict:
+                for key in ("versionId", "lastUpdated"):
+                    if key in meta:
+                        _issue(issues, "invariant", ((where, "meta"), key),
+                               f"a contained resource cannot have meta.{key} (dom-4)")
+                if "security" in meta:
+                    _issue(issues, "invariant", ((where, "meta"), "security"),
+                           "a contained resource cannot have security labels (dom-5)")
+        for ref in local:
+            if ref.diagnostics[1:] not in ids:
+                issues.append(Issue("error", "not-found",
+                                    f"{ref.expression[0]}: {_show(ref.diagnostics)} matches no contained resource's id",
+                                    ref.expression))
+        if not contained:
+            return
+        # dom-3: each is referred to from elsewhere in the container (a reference, canonical or uri "#id"),
+        # or refers to its container ("#")
+        pointers = _hash_strings(res, set())
+        for n, c in enumerate(contained):
+            if type(c) is not dict or type(c.get("resourceType")) is not str:
+                continue  # not a resource at all: reported as such
+            cid = c.get("id")
+            if (type(cid) is str and "#" + cid in pointers) or "#" in _hash_strings(c, set()):
+                continue
+            what = f"nothing in its container refers to #{cid}" if type(cid) is str else "it has no id"
+            _issue(issues, "invariant", (path, "contained", n),
+                   f"a contained resource must be referred to from its container or refer to the container "
+                   f"with '#' (dom-3): {what}")
 
     @staticmethod
     def _bad_resource(path: Path, issues: list[Issue], msg: str, code: str = "structure") -> None:
@@ -569,6 +655,9 @@ class Validator:
             if len(ref) > 1 and _ID_RE.fullmatch(ref, 1) is None:
                 _issue(issues, "value", path, f"{_show(ref)} is not a valid local reference (#id)")
                 return None
+            if len(ref) > 1:  # never remembered: its container resolves it, every time (see _resource)
+                issues.append(_LocalRef("error", "not-found", ref, (_render(path),)))
+            return ""
         elif ref.startswith("urn:"):
             kind = "uuid" if ref.startswith("urn:uuid:") else "oid" if ref.startswith("urn:oid:") else ""
             if not kind or self._checker(kind)[0](ref) is not None:
