@@ -1138,3 +1138,22 @@ def test_elements_takes_top_level_names_and_self_links_keep_their_query(client):
     assert history["link"][0]["url"].endswith("Patient/el/_history?_count=5")
     everything = client.request("GET", "Patient/el/$everything", {"_count": "5"}).body
     assert everything["link"][0]["url"].endswith("Patient/el/$everything?_count=5")
+
+
+def test_summary_and_elements_shape_a_read_and_a_vread(client):
+    put(client, {**patient(), "id": "sh", "text": {"status": "generated", "div": "<div xmlns=\"http://www.w3.org/1999/xhtml\">x</div>"}})
+    full = client.read("Patient", "sh").body
+    subsetted = {"system": "http://terminology.hl7.org/CodeSystem/v3-ObservationValue", "code": "SUBSETTED"}
+    for path in ("Patient/sh", "Patient/sh/_history/1"):
+        only = client.request("GET", path, {"_elements": "name"})
+        assert only.status == 200 and only.headers["ETag"] == 'W/"1"'
+        assert set(only.body) == {"resourceType", "id", "meta", "name"}
+        assert subsetted in only.body["meta"]["tag"]
+        data = client.request("GET", path, {"_summary": "data"}).body
+        assert "text" not in data and data["name"] == full["name"]
+        text = client.request("GET", path, {"_summary": "text"}).body
+        assert "text" in text and "name" not in text
+        assert client.request("GET", path, {"_summary": "false"}).body == full
+        assert client.request("GET", path, {"_summary": "count"}).status == 400
+        assert client.request("GET", path, {"_elements": "name.family"}).status == 400
+    assert client.read("Patient", "sh").body == full  # the stored resource is untouched

@@ -880,7 +880,8 @@ def test_pristine_world_searches_skip_the_resource_table_and_keep_the_order(tmp_
     queries = [("Observation", [("code", "http://loinc.org|c1")]), ("Observation", [("subject", "Patient/p2")]),
                ("Observation", [("status:not", "final"), ("code", "c2,c3")]), ("Observation", [("subject.family", "fam1")]),
                ("Patient", [("_has:Observation:subject:status", "final")]), ("Patient", [("family", "fam0")]),
-               ("Observation", [("status:missing", "false")])]
+               ("Observation", [("status:missing", "false")]), ("Observation", []), ("Patient", []),
+               ("Observation", [("_lastUpdated", "ge2000-01-01")])]
     for rtype, q in queries:
         fast = engine.ids(store, engine.parse(rtype, q, sides=store.sides()))
         general = engine.ids(store, engine.parse(rtype, q, sides=("main", "base")))

@@ -186,6 +186,22 @@ def _blank(part: str) -> bool:
     return bool(part) and not part.strip()
 
 
+def summary_mode(value: str, modes: tuple[str, ...] = ("true", "false", "text", "data", "count")) -> str:
+    """A checked ``_summary`` value (a read takes all but ``count``)."""
+    if value not in modes:
+        raise bad_request(f"_summary must be one of {', '.join(modes)}; got {value!r}", "invalid", ("_summary",))
+    return value
+
+
+def element_names(value: str) -> list[str]:
+    """The names of a checked ``_elements`` value."""
+    names = [e.strip() for e in value.split(",") if e.strip()]
+    nested = [e for e in names if not e.replace("_", "").isalnum() or not e.isascii()]
+    if nested:  # R4's _elements names top-level elements only; 'name.family' used to keep nothing
+        raise bad_request(f"_elements takes top-level element names, got {nested}", "not-supported", ("_elements",))
+    return names
+
+
 def non_negative_int(value: str, name: str) -> int:
     """A count or offset given in a request: ASCII digits only (``int`` also takes '+5', ' 5', '1_0' and
     non-ASCII digits such as '١'), capped at 10**18 (``int`` of over 4,300 digits raises; every caller
@@ -310,15 +326,9 @@ class SearchEngine:
             req_list = req.include if key == "_include" else req.revinclude
             req_list.append(self._parse_include(key, value))
         elif key == "_summary":
-            if value not in ("true", "false", "text", "data", "count"):
-                raise bad_request(f"_summary must be one of true, false, text, data, count; got {value!r}")
-            req.summary = value
+            req.summary = summary_mode(value)
         elif key == "_elements":
-            req.elements = [e.strip() for e in value.split(",") if e.strip()]
-            nested = [e for e in req.elements if not e.replace("_", "").isalnum() or not e.isascii()]
-            if nested:  # R4's _elements names top-level elements only; 'name.family' used to keep nothing
-                raise bad_request(f"_elements takes top-level element names, got {nested}", "not-supported",
-                                  ("_elements",))
+            req.elements = element_names(value)
         elif key == "_total":
             if value not in ("none", "estimate", "accurate"):
                 raise bad_request(f"_total must be none, estimate or accurate; got {value!r}")
@@ -689,12 +699,20 @@ class SearchEngine:
         """All matching ids of ``req.rtype`` in result order."""
         P = req.params
         positive = [c for c in req.where if c.positive]
-        if not req.sort and P.sides == ("base",) and store.uniform_base and positive and positive[0].own:
+        if not req.sort and P.sides == ("base",) and store.uniform_base:
             # a pristine world: the default order (lastUpdated, id) is the id order, and the matching ids
             # (index rows of this type: live resources) need no look-up in the resource table
-            ids = P.cte(self.id_set(req.rtype, req.where, P))
-            rows = store.query(f"WITH {', '.join(P.ctes)} SELECT id FROM {ids} ORDER BY id", P.values)
-            return list(dict.fromkeys(row[0] for row in rows))  # repeats dropped (cheaper than SQL DISTINCT)
+            if not req.where:  # the whole type, in order from the index
+                rows = store.query(f"SELECT id FROM base.resources WHERE rtype = {P(req.rtype)} AND deleted = 0 "
+                                   "ORDER BY id", P.values)
+                return [row[0] for row in rows]
+            if positive and positive[0].own:
+                ids = P.cte(self.id_set(req.rtype, req.where, P))
+                # "+id": sorted after the match, so that the match may use the index that fits its criteria
+                # (a covering one), not one that yields ids in order at a table look-up per row
+                # (Observation?date=ge2020 on a 100-patient world: 252 ms that way, 69 ms this way)
+                rows = store.query(f"WITH {', '.join(P.ctes)} SELECT id FROM {ids} ORDER BY +id", P.values)
+                return list(dict.fromkeys(row[0] for row in rows))  # repeats dropped (cheaper than SQL DISTINCT)
         t = P(req.rtype)
         where = f"rtype = {t}"
         if req.where:

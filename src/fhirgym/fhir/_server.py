@@ -26,7 +26,7 @@ import orjson
 from ..spec import Spec, load_spec
 from ._errors import FhirError, Issue, bad_request, invalid_resource, not_found, operation_outcome
 from ._refs import iter_references, reference_strings, reference_strings_json, rewrite_references
-from ._search import SearchEngine, check_format, non_negative_int
+from ._search import SearchEngine, check_format, element_names, non_negative_int, summary_mode
 from ._store import Record, Store, history_sql
 from ._values import END_INSTANT, date_range, split_reference
 
@@ -252,7 +252,7 @@ class FhirServer:
             raise bad_request(f"Invalid resource id {rid!r} (ids are 1-64 of A-Z a-z 0-9 - .)")
         if len(parts) == 2:
             if method == "GET":
-                return self._not_modified(req, self._read(rtype, rid))
+                return self._not_modified(req, self._shaped(req, self._read(rtype, rid)))
             if method == "PUT":
                 return self._update(req, rtype, rid)
             if method == "DELETE":
@@ -262,7 +262,7 @@ class FhirServer:
         if third == "_history" and len(parts) == 3 and method == "GET":
             return self._history(req, rtype, rid)
         if third == "_history" and len(parts) == 4 and method == "GET":
-            return self._vread(rtype, rid, parts[3])
+            return self._shaped(req, self._vread(rtype, rid, parts[3]))
         if third == "$everything" and len(parts) == 3 and rtype == "Patient" and method in ("GET", "POST"):
             return self._everything(req, rid)
         if third == "$validate" and len(parts) == 3 and method == "POST":
@@ -644,6 +644,18 @@ class FhirServer:
             raise FhirError(410, f"{rtype}/{rid} was deleted (version {version})", "deleted",
                             headers={"ETag": _etag(version)})
         return Response(200, orjson.loads(data), {"ETag": _etag(version), "Last-Modified": http_date(last_updated)})
+
+    def _shaped(self, req: Request, resp: Response) -> Response:
+        """A read's resource as ``_summary`` / ``_elements`` ask (marked SUBSETTED), like a search's entries."""
+        summary = elements = None
+        for key, value in req.query:
+            if key == "_summary":
+                summary = summary_mode(value, ("true", "false", "text", "data"))
+            elif key == "_elements":
+                elements = element_names(value)
+        if summary is not None or elements is not None:
+            resp.body = self._subset(resp.body, summary, elements)
+        return resp
 
     @staticmethod
     def _not_modified(req: Request, resp: Response) -> Response:
