@@ -34,8 +34,8 @@ nested resources under their container (``Bundle.entry[2].resource.status``).
 Issue codes (all severity ``error``): ``structure`` (unknown element, wrong JSON shape, too many
 values, empty or null, repeated contained id), ``required`` (missing element or resourceType),
 ``value`` (bad primitive or reference), ``code-invalid`` (outside a required ValueSet), ``not-found``
-(a ``#id`` reference without its contained resource), ``invariant`` (``dom-2`` to ``dom-5``). A bug in the validator itself surfaces
-as one ``exception`` issue, never as a raised exception.
+(a ``#id`` reference without its contained resource), ``invariant`` (``dom-2`` to ``dom-5``). A bug
+in the validator itself surfaces as one ``exception`` issue, never as a raised exception.
 """
 
 from __future__ import annotations
