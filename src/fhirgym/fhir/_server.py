@@ -338,7 +338,11 @@ class FhirServer:
     def _local_targets(self, resource: dict | bytes) -> set[tuple[str, str]]:
         """(type, id) of every reference to a resource on this server (``resource`` as a dict or as
         orjson bytes; the bytes are scanned, not parsed, which is what bulk loads use)."""
-        refs = reference_strings_json(resource) if isinstance(resource, bytes) else reference_strings(resource)
+        return self._targets(reference_strings_json(resource) if isinstance(resource, bytes)
+                             else reference_strings(resource))
+
+    def _targets(self, refs: list[str]) -> set[tuple[str, str]]:
+        """(type, id) of the given reference strings that name a resource on this server."""
         cache = self._ref_cache
         if len(cache) > 100_000:
             cache.clear()
@@ -367,10 +371,10 @@ class FhirServer:
     def _check_integrity(self, resource: dict, pending: set[tuple[str, str]] | None = None) -> None:
         if not self.config.referential_integrity:
             return
-        missing = {t for t in self._local_targets(resource) if not (pending and t in pending)}
+        refs = reference_strings(resource)
+        missing = {t for t in self._targets(refs) if not (pending and t in pending)}
         missing = {t for t in missing if not self.store.exists(*t)}
-        versions = {ref for ref in reference_strings(resource) if "/_history/" in ref
-                    and self._missing_version(ref, pending, missing)}
+        versions = {ref for ref in refs if "/_history/" in ref and self._missing_version(ref, pending, missing)}
         if not missing and not versions:
             return
         issues = []
