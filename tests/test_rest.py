@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from datetime import UTC, datetime, timedelta
 from urllib.parse import parse_qsl, urlsplit
 
@@ -811,6 +812,23 @@ def test_everything_type_filter_and_errors(two_patients):
     assert client.request("GET", "Observation/o2/$everything").status == 404
     client.delete("Patient", "p2", cascade=True)
     assert client.request("GET", "Patient/p2/$everything").status == 410
+
+
+def test_everything_since_keeps_what_changed(two_patients):
+    client = two_patients
+    time.sleep(0.01)  # the writes below are later than the fixture's, at millisecond precision
+    since = client.update({**obs("Patient/p1", performer=[{"reference": "Practitioner/dr"}]), "id": "o1-1",
+                           "status": "amended"}).body["meta"]["lastUpdated"]
+    put(client, {"resourceType": "Encounter", "id": "e1", "status": "cancelled", "class": {"code": "AMB"},
+                 "subject": {"reference": "Patient/p1"}})
+    resp = client.request("GET", "Patient/p1/$everything", {"_since": since})
+    assert resp.status == 200 and _refs(resp.body) == {"Observation/o1-1", "Encounter/e1"}
+    assert resp.body["total"] == 2
+    assert _refs(client.request("GET", "Patient/p1/$everything", {"_since": "2000-01-01T00:00:00Z"}).body) == _refs(
+        client.request("GET", "Patient/p1/$everything").body)
+    assert client.request("GET", "Patient/p1/$everything", {"_since": "9999"}).body["total"] == 0
+    bad = client.request("GET", "Patient/p1/$everything", {"_since": "yesterday"})
+    assert bad.status == 400 and expressions(bad) == ["_since"]
 
 
 # -- CapabilityStatement --------------------------------------------------------------------------------------

@@ -765,6 +765,14 @@ class SearchEngine:
         where = f"rtype = {P(rtype)} AND id IN (SELECT value FROM json_each({P(orjson.dumps(ids).decode())}))"
         return dict(store.query(f"SELECT id, json FROM ({P.merged('resources', where, 'id, json')})", P.values))
 
+    def updated_since(self, store: Store, rtype: str, ids: list[str], since: str) -> set[str]:
+        """Those of the given current resources of one type last updated at or after ``since`` (an instant
+        as stored: ``2025-01-01T00:00:00.000Z``)."""
+        P = SqlParams(store.sides())
+        where = (f"rtype = {P(rtype)} AND deleted = 0 AND last_updated >= {P(since)} "
+                 f"AND id IN (SELECT value FROM json_each({P(orjson.dumps(ids).decode())}))")
+        return {row[0] for row in store.query(f"SELECT id FROM ({P.merged('resources', where, 'id')})", P.values)}
+
     def references_from(self, store: Store, rtype: str, ids: list[str], code: str, target: str | None
                         ) -> list[tuple[str, str]]:
         """(target type, target id) referenced through parameter ``code`` ('*' = any) by the given resources."""

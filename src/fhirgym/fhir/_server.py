@@ -100,6 +100,15 @@ def format_instant(epoch: float) -> str:
             f"{dt.microsecond // 1000:03d}Z")
 
 
+def _since(value: str) -> str:
+    """A ``_since`` parameter as the stored instant it compares with (``last_updated >= it``)."""
+    try:
+        lo = date_range(value)[0]
+    except ValueError:
+        raise bad_request(f"_since must be an instant, got {value!r}", "invalid", ("_since",)) from None
+    return format_instant(min(lo, END_INSTANT - 1))  # the end of year 9999 is beyond datetime: its last second
+
+
 def http_date(instant: str) -> str:
     """A stored ``lastUpdated`` instant as the HTTP-date a ``Last-Modified`` header carries (RFC 9110)."""
     return email.utils.format_datetime(datetime.fromisoformat(instant.replace("Z", "+00:00")), usegmt=True)
@@ -932,12 +941,8 @@ class FhirServer:
             conds.append("id=?")
             args.append(rid)
         if "_since" in q:
-            try:
-                lo = date_range(q["_since"])[0]
-            except ValueError:
-                raise bad_request(f"_since must be an instant, got {q['_since']!r}") from None
-            conds.append("last_updated >= ?")  # the end of year 9999 is beyond datetime: its last second
-            args.append(format_instant(min(lo, END_INSTANT - 1)))
+            conds.append("last_updated >= ?")
+            args.append(_since(q["_since"]))
         unknown = set(q) - {"_since", "_count", "_format", "_pretty"}
         if unknown:
             raise bad_request(f"Unsupported _history parameter(s): {', '.join(sorted(unknown))}", "not-supported")
@@ -1032,9 +1037,10 @@ class FhirServer:
             params = body.get("parameter", [])
             pairs += self._operation_params(params if isinstance(params, list) else [params])
         q = dict(pairs)
-        unknown = set(q) - {"_count", "_type", "_format", "_pretty"}
+        unknown = set(q) - {"_count", "_type", "_since", "_format", "_pretty"}
         if unknown:
             raise bad_request(f"Unsupported $everything parameter(s): {', '.join(sorted(unknown))}", "not-supported")
+        since = _since(q["_since"]) if "_since" in q else None
         types = None
         if "_type" in q:  # repeated or comma-separated: either type
             types = {t.strip() for k, v in pairs if k == "_type" for t in v.split(",")}
@@ -1067,6 +1073,13 @@ class FhirServer:
             "self": self._self_url(f"Patient/{pid}/$everything", req.query),
         }
         all_refs = found + referenced
+        if since is not None:  # only what changed since then (the patient too), in the same order
+            by_type = {}
+            for t, i in all_refs:
+                by_type.setdefault(t, []).append(i)
+            recent = {(t, i) for t, ids in by_type.items()
+                      for i in self.search_engine.updated_since(self.store, t, ids, since)}
+            all_refs = [pair for pair in all_refs if pair in recent]
         count = self._count(non_negative_int(q["_count"], "_count") if "_count" in q else None)
         state["everything"] = all_refs
         state["count"] = count
