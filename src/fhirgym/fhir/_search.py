@@ -702,17 +702,17 @@ class SearchEngine:
         if not req.sort and P.sides == ("base",) and store.uniform_base:
             # a pristine world: the default order (lastUpdated, id) is the id order, and the matching ids
             # (index rows of this type: live resources) need no look-up in the resource table
-            if not req.where:  # the whole type, in order from the index
-                rows = store.query(f"SELECT id FROM base.resources WHERE rtype = {P(req.rtype)} AND deleted = 0 "
-                                   "ORDER BY id", P.values)
-                return [row[0] for row in rows]
-            if positive and positive[0].own:
+            # The ids come back as one JSON array, deduplicated and sorted here (Python's order of str is
+            # SQLite's BINARY order of their UTF-8): a row per id cost Python's sqlite3 ≈ 1.2 µs, and an ORDER
+            # BY let SQLite pick an index yielding ids in order at a table look-up per row over the covering
+            # one that fits the criteria (Observation?date=ge2020 on a 100-patient world: 252 ms, not 69).
+            if req.where and positive and positive[0].own:
                 ids = P.cte(self.id_set(req.rtype, req.where, P))
-                # "+id": sorted after the match, so that the match may use the index that fits its criteria
-                # (a covering one), not one that yields ids in order at a table look-up per row
-                # (Observation?date=ge2020 on a 100-patient world: 252 ms that way, 69 ms this way)
-                rows = store.query(f"WITH {', '.join(P.ctes)} SELECT id FROM {ids} ORDER BY +id", P.values)
-                return list(dict.fromkeys(row[0] for row in rows))  # repeats dropped (cheaper than SQL DISTINCT)
+                sql = f"WITH {', '.join(P.ctes)} SELECT json_group_array(id) FROM {ids}"
+                return sorted(set(orjson.loads(store.query(sql, P.values)[0][0])))
+            if not req.where:  # the whole type
+                sql = f"SELECT json_group_array(id) FROM base.resources WHERE rtype = {P(req.rtype)} AND deleted = 0"
+                return sorted(orjson.loads(store.query(sql, P.values)[0][0]))
         t = P(req.rtype)
         where = f"rtype = {t}"
         if req.where:
