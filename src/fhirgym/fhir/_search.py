@@ -212,6 +212,13 @@ def non_negative_int(value: str, name: str) -> int:
     return int(digits or "0") if len(digits) <= 18 else 10**18
 
 
+def _among(rtype: str, ids: list[str], P: SqlParams) -> str:
+    """The rows of these resources of one type. The ids travel as one JSON array parameter: the SQL text
+    is the same for every list, so SQLite reuses the prepared statement (a page of 50 as 50 parameters
+    cost 60 % more)."""
+    return f"rtype = {P(rtype)} AND id IN (SELECT value FROM json_each({P(orjson.dumps(ids).decode())}))"
+
+
 def _prefix(value: str) -> tuple[str, str]:
     if len(value) >= 2 and value[:2] in PREFIXES and (len(value) == 2 or not value[2].isalpha()):
         return value[:2], value[2:]
@@ -757,20 +764,16 @@ class SearchEngine:
         )
 
     def fetch(self, store: Store, rtype: str, ids: list[str]) -> dict[str, bytes]:
-        """JSON of the given current resources of one type (missing ones are simply absent).
-
-        The ids travel as one JSON array parameter: the SQL text is the same for every page, so SQLite
-        reuses the prepared statement (a page of 50 as 50 parameters cost 60 % more)."""
+        """JSON of the given current resources of one type (missing ones are simply absent)."""
         P = SqlParams(store.sides())
-        where = f"rtype = {P(rtype)} AND id IN (SELECT value FROM json_each({P(orjson.dumps(ids).decode())}))"
+        where = _among(rtype, ids, P)
         return dict(store.query(f"SELECT id, json FROM ({P.merged('resources', where, 'id, json')})", P.values))
 
     def updated_since(self, store: Store, rtype: str, ids: list[str], since: str) -> set[str]:
         """Those of the given current resources of one type last updated at or after ``since`` (an instant
         as stored: ``2025-01-01T00:00:00.000Z``)."""
         P = SqlParams(store.sides())
-        where = (f"rtype = {P(rtype)} AND deleted = 0 AND last_updated >= {P(since)} "
-                 f"AND id IN (SELECT value FROM json_each({P(orjson.dumps(ids).decode())}))")
+        where = f"{_among(rtype, ids, P)} AND deleted = 0 AND last_updated >= {P(since)}"
         return {row[0] for row in store.query(f"SELECT id FROM ({P.merged('resources', where, 'id')})", P.values)}
 
     def references_from(self, store: Store, rtype: str, ids: list[str], code: str, target: str | None

@@ -100,6 +100,14 @@ def format_instant(epoch: float) -> str:
             f"{dt.microsecond // 1000:03d}Z")
 
 
+def _by_type(pairs: list[tuple[str, str]]) -> dict[str, list[str]]:
+    """(type, id) pairs as ids per type, in order: the store and search engine look resources up type by type."""
+    out: dict[str, list[str]] = {}
+    for t, i in pairs:
+        out.setdefault(t, []).append(i)
+    return out
+
+
 def _since(value: str) -> str:
     """A ``_since`` parameter as the stored instant it compares with (``last_updated >= it``)."""
     try:
@@ -882,9 +890,7 @@ class FhirServer:
         while frontier and (include or revinclude) and rounds < 5:
             rounds += 1
             found: list[tuple[str, str]] = []
-            by_type: dict[str, list[str]] = {}
-            for t, i in frontier:
-                by_type.setdefault(t, []).append(i)
+            by_type = _by_type(frontier)
             for src, code, target, iterate in include:
                 if not (first or iterate):
                     continue
@@ -916,10 +922,7 @@ class FhirServer:
     def _bodies(self, found: list[tuple[str, str]]) -> list[tuple[str, str, bytes]]:
         """(type, id, stored JSON) of the current resources among ``found``, type by type."""
         out = []
-        by_found: dict[str, list[str]] = {}
-        for t, i in found:
-            by_found.setdefault(t, []).append(i)
-        for t, ids in by_found.items():
+        for t, ids in _by_type(found).items():
             if not self.spec.is_resource_type(t):
                 continue
             bodies = self.search_engine.fetch(self.store, t, ids)
@@ -1059,10 +1062,7 @@ class FhirServer:
             found.extend((t, i) for i in sorted(ids))
         seen = set(found)
         referenced: list[tuple[str, str]] = []
-        by_type: dict[str, list[str]] = {}
-        for t, i in found:
-            by_type.setdefault(t, []).append(i)
-        for t, ids in by_type.items():
+        for t, ids in _by_type(found).items():
             for pair in self.search_engine.references_from(self.store, t, ids, "*", None):
                 if pair not in seen and (types is None or pair[0] in types):
                     seen.add(pair)
@@ -1074,10 +1074,7 @@ class FhirServer:
         }
         all_refs = found + referenced
         if since is not None:  # only what changed since then (the patient too), in the same order
-            by_type = {}
-            for t, i in all_refs:
-                by_type.setdefault(t, []).append(i)
-            recent = {(t, i) for t, ids in by_type.items()
+            recent = {(t, i) for t, ids in _by_type(all_refs).items()
                       for i in self.search_engine.updated_since(self.store, t, ids, since)}
             all_refs = [pair for pair in all_refs if pair in recent]
         count = self._count(non_negative_int(q["_count"], "_count") if "_count" in q else None)
@@ -1105,10 +1102,7 @@ class FhirServer:
         count = state["count"]
         page = refs[offset : offset + count]
         entries = []
-        by_type: dict[str, list[str]] = {}
-        for t, i in page:
-            by_type.setdefault(t, []).append(i)
-        bodies = {t: self.search_engine.fetch(self.store, t, ids) for t, ids in by_type.items()}
+        bodies = {t: self.search_engine.fetch(self.store, t, ids) for t, ids in _by_type(page).items()}
         for t, i in page:
             data = bodies[t].get(i)
             if data is not None:
