@@ -1,14 +1,29 @@
-"""Imports point down the layer list of DEVELOPERS.md; a cycle or an upward import fails here."""
+"""Imports point down the layer list of docs/ARCHITECTURE.md; a cycle or an upward import fails here."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import fhirgym
 
-LAYERS = ["spec", "fhir", "world", "tools", "tasks", "mcp", "agents", "runner", "memory", "analysis", "rl", "cli"]
 ROOT = Path(fhirgym.__file__).parent
+ARCHITECTURE = ROOT.parents[1] / "docs" / "ARCHITECTURE.md"
+
+
+def _documented_layers() -> list[str]:
+    """The layers in the order of the architecture page's table (a row may name several)."""
+    rows = [line for line in ARCHITECTURE.read_text().splitlines() if line.startswith("| `")]
+    return [name for row in rows for name in re.findall(r"`(\w+)(?:/|\.py)`", row.split("|")[1])]
+
+
+LAYERS = _documented_layers()
+
+
+def test_the_layer_list_is_the_documented_one():
+    assert LAYERS[:3] == ["spec", "fhir", "world"] and LAYERS[-1] == "cli"
+    assert {"env", "agents", "runner", "analysis", "memory", "rl"} <= set(LAYERS)
 
 
 def _layer_of(module: str) -> str | None:
@@ -52,4 +67,4 @@ def test_every_module_imports_only_its_own_or_lower_layers():
 def test_known_layers_only():
     for child in ROOT.iterdir():
         if child.is_dir() and not child.name.startswith("_") and (child / "__init__.py").exists():
-            assert child.name in LAYERS, f"unknown layer {child.name}: add it to DEVELOPERS.md and LAYERS"
+            assert child.name in LAYERS, f"unknown layer {child.name}: add it to docs/ARCHITECTURE.md's table"

@@ -136,10 +136,35 @@ def test_unknown_search_parameter_is_a_400(box):
     assert "must be strings" in nested["message"]
 
 
-def test_unknown_id_and_type_are_404s(box):
+def test_unknown_id_is_a_404_and_an_unknown_type_is_refused_before_the_server(box):
     e = err(box, "getResourceById", {"resourceType": "Patient", "resourceId": "nope"})
     assert e["status"] == 404 and e["issues"][0]["code"] == "not-found"
-    assert err(box, "getResourceById", {"resourceType": "Patiant", "resourceId": "x"})["status"] == 404
+    assert "not an R4 resource type" in err(box, "getResourceById", {"resourceType": "Patiant",
+                                                                      "resourceId": "x"})["message"]
+
+
+def test_arguments_cannot_turn_one_operation_into_another(box):
+    """A type, id, parameter name or paging link that smuggles a path or a query is a tool error: a read
+    never becomes a search, a delete never a conditional delete, a paging link never system history."""
+    pid = ok(box, "createResource", {"resourceType": "Patient", "body": {"active": True}})["id"]
+    allergy = ok(box, "createResource", {"resourceType": "AllergyIntolerance", "body": {
+        "patient": {"reference": f"Patient/{pid}"}, "code": {"text": "peanut"}}})["id"]
+    attempts = [
+        ("getResourceById", {"resourceType": f"AllergyIntolerance?patient={pid}", "resourceId": allergy}, "resource type"),
+        ("deleteResource", {"resourceType": f"AllergyIntolerance?patient={pid}", "resourceId": "x"}, "resource type"),
+        ("deleteResource", {"resourceType": "AllergyIntolerance", "resourceId": f"{allergy}?_cascade=delete"}, "FHIR id"),
+        ("deleteResource", {"resourceType": "AllergyIntolerance", "resourceId": "../Patient/" + pid}, "FHIR id"),
+        ("updateResource", {"resourceType": "Patient", "resourceId": "a/b", "body": {"active": False}}, "FHIR id"),
+        ("createResource", {"resourceType": "Patient/_history", "body": {}}, "resource type"),
+        ("searchResources", {"resourceType": "Patient", "params": {"_id=x&family": "y"}}, "parameter name"),
+        ("searchResources", {"resourceType": "Patient", "page_url": "http://fhirgym.local/fhir/_history"}, "page_url"),
+        ("searchResources", {"resourceType": "Patient", "page_url": "Patient/$everything?_getpages=x"}, "page_url"),
+    ]
+    for name, args, why in attempts:
+        assert why in err(box, name, args)["message"], (name, args)
+    assert ok(box, "getResourceById", {"resourceType": "AllergyIntolerance", "resourceId": allergy})["id"] == allergy
+    page = ok(box, "searchResources", {"resourceType": "Patient", "params": {"_count": "1"}})
+    assert page["total"] == 1 and "next_page_url" not in page
 
 
 def test_version_conflict_and_broken_reference(box):

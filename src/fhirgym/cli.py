@@ -306,7 +306,7 @@ def _seeds(value: str) -> list[int]:
 
 @main.command("eval")
 @click.option("--agent", default="react", show_default=True,
-              help="react | reference | null | cmd:\"PROGRAM ARGS\" | package.module:Class")
+              help="react | reference | null | nothing-found | guess | cmd:\"PROGRAM ARGS\" | package.module:Class")
 @click.option("--model", default=None, help="local/qwen2.5-coder-1.5b (default), local/qwen2.5-coder-0.5b, "
               "local/PATH.gguf, openai/NAME, openai-compatible/NAME (with --base-url)")
 @click.option("--base-url", default=None, envvar="OPENAI_BASE_URL", help="Endpoint of an OpenAI-compatible server.")
@@ -314,7 +314,9 @@ def _seeds(value: str) -> list[int]:
               help="Task selector: ids, globs (scheduling.*), categories, reads/writes, d1-d3, all, default.")
 @click.option("--seeds", default="1", show_default=True, help="N (seeds 0..N-1) or a list like 3,5 or 0-4.")
 @click.option("--runs", default=1, show_default=True, help="Repetitions of every instance.")
-@click.option("--config", default="baseline", show_default=True, help="baseline (FHIR tools) | specs (+ spec tools)")
+@click.option("--config", default="baseline", show_default=True,
+              help="A registered configuration: baseline (FHIR tools), specs (+ spec tools), or one a layer or "
+                   "package registers.")
 @click.option("--setting", default="default", show_default=True, help="Label of the experiment setting.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Output directory.")
 @click.option("--parallel", default=1, show_default=True, help="Episodes at a time.")
@@ -324,10 +326,14 @@ def _seeds(value: str) -> list[int]:
               help="Characters per tool output (default: 4000 for a local model, else 12000).")
 @click.option("--paraphrases", default=0, show_default=True, help="Also run the first K cached paraphrases.")
 @click.option("--no-report", is_flag=True, help="Do not write OUT/report.html at the end.")
+@click.option("--sealed", is_flag=True,
+              help="Derive instance seeds from a secret drawn now; run.json records it when the run ends.")
+@click.option("--secret", default=None, help="Replay (or resume) a sealed run with the secret its run.json recorded.")
 @_world_options(default_patients=10)
 def eval_cmd(agent: str, model: str | None, base_url: str | None, selector: str, seeds: str, runs: int, config: str,
              setting: str, out: Path, parallel: int, resume: bool, max_iterations: int, budget: int | None,
-             paraphrases: int, no_report: bool, world_path: Path | None, patients: int, world_seed: int) -> None:
+             paraphrases: int, no_report: bool, sealed: bool, secret: str | None, world_path: Path | None,
+             patients: int, world_seed: int) -> None:
     """Evaluate an agent on tasks: one isolated store per episode, results.jsonl + transcripts + report."""
     import time
 
@@ -335,7 +341,8 @@ def eval_cmd(agent: str, model: str | None, base_url: str | None, selector: str,
 
     spec = EvalSpec(out=out, agent=agent, model=model, base_url=base_url, tasks=selector, seeds=_seeds(seeds),
                     runs=runs, config=config, setting=setting, parallel=parallel, resume=resume,
-                    max_iterations=max_iterations, budget=budget, paraphrases=paraphrases)
+                    max_iterations=max_iterations, budget=budget, paraphrases=paraphrases, sealed=sealed,
+                    secret=secret)
     world = _task_world(world_path, patients, world_seed)
     started = time.perf_counter()
     counts: dict[str, int] = {}

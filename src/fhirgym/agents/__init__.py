@@ -1,22 +1,24 @@
 """Agents and the model backends they run on.
 
 An agent has ``name`` and ``run(AgentTask) -> AgentResult`` (see ``_agent.py``). Built in: ``react``
-(tool-calling loop over any :class:`ChatBackend`), ``reference``, ``null``, ``cmd:PROGRAM`` (an external
-program talking MCP) and any ``package.module:Class``. Backends: OpenAI(-compatible) endpoints, the
+(tool-calling loop over any :class:`ChatBackend`), ``reference``, the floors ``null``, ``nothing-found``
+and ``guess``, ``cmd:PROGRAM`` (an external program talking MCP) and any ``package.module:Class``. Backends: OpenAI(-compatible) endpoints, the
 embedded llama.cpp models, and a scripted backend for tests (``make_backend("local/qwen2.5-coder-1.5b")``).
 """
 
 from ._agent import STOP_REASONS, Agent, AgentResult, AgentTask, clock_block, instantiate, load_class
 from ._backend import BackendError, ChatBackend, ChatResult, ContextLengthExceeded, ToolCall, make_backend
-from ._builtin import CommandAgent, NullAgent, ReferenceAgent
-from ._factory import DEFAULT_MODEL, make_agent, needs_model
+from ._builtin import CommandAgent, GuessAgent, NothingFoundAgent, NullAgent, ReferenceAgent
+from ._factory import BUILTIN_AGENTS, DEFAULT_MODEL, INFRASTRUCTURE_ERRORS, make_agent, needs_model
 from ._react import SYSTEM_PROMPT, ReactAgent
 from ._scripted import ScriptedBackend
 from ._toolcalls import parse_tool_calls
 from ._weights import ModelUnavailable, model_path
 
 __all__ = [
+    "BUILTIN_AGENTS",
     "DEFAULT_MODEL",
+    "INFRASTRUCTURE_ERRORS",
     "STOP_REASONS",
     "SYSTEM_PROMPT",
     "Agent",
@@ -27,7 +29,9 @@ __all__ = [
     "ChatResult",
     "CommandAgent",
     "ContextLengthExceeded",
+    "GuessAgent",
     "ModelUnavailable",
+    "NothingFoundAgent",
     "NullAgent",
     "ReactAgent",
     "ReferenceAgent",

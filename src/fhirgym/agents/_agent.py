@@ -1,38 +1,37 @@
 """The agent protocol: what the runner gives an agent, and what it expects back.
 
 An agent is any object with a ``name`` and ``run(task: AgentTask) -> AgentResult``. It acts only
-through ``task.tools`` (a :class:`~fhirgym.tools.Toolbox` bound to its episode's isolated store, which
-records every call) — or, for an external program, through the MCP endpoint ``task.mcp_url`` serving
-the same toolbox. Third-party agents are loaded with ``--agent package.module:Class``: the class is
-called with ``backend=`` (a :class:`ChatBackend` or None) and ``max_iterations=`` keyword arguments
-when its ``__init__`` accepts them.
+through ``task.tools`` (:class:`~fhirgym.env.AgentTools`: the tools its episode's configuration grants,
+every call recorded) — or, for an external program, through the MCP endpoint ``task.tools.mcp_url()``
+serving the same tools. Nothing it is given leads to the answer key. Third-party agents are loaded with
+``--agent package.module:Class``: the class is called with ``backend=`` (a :class:`ChatBackend` or
+None) and ``max_iterations=`` keyword arguments when its ``__init__`` accepts them. Such a class runs
+in fhirgym's process and is trusted code; an untrusted agent runs out of process (``cmd:``).
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from ..tools import Toolbox
+from ..env import AgentTools
 
-STOP_REASONS = ("answered", "gave_up", "max_iterations", "error")
+#: ``crashed``: the agent's own code raised (a fail, with the reason); ``error``: infrastructure.
+STOP_REASONS = ("answered", "gave_up", "max_iterations", "crashed", "error")
 
 
-@dataclass
+@dataclass(frozen=True)
 class AgentTask:
-    """One episode as an agent sees it."""
+    """One episode as an agent sees it: the request, the clock, the tools and nothing else."""
 
     prompt: str
     now: datetime  # the task's frozen clock (UTC)
-    tools: Toolbox
+    tools: AgentTools
     max_iterations: int = 15
-    mcp_url: Callable[[], str] | None = None  # starts the episode's MCP endpoint on first use
-    reference: Callable[[Toolbox], str] | None = None  # only the built-in reference agent may use it
-    extra: dict[str, Any] = field(default_factory=dict)  # e.g. memory hints of a configuration
+    instructions: str = ""  # the configuration's additions to the system prompt (e.g. memory lessons)
 
 
 @dataclass
@@ -45,6 +44,7 @@ class AgentResult:
     messages: list[dict] = field(default_factory=list)
     model_s: float = 0.0  # time spent waiting for the model (the rest of an episode is the sandbox's)
     error: str | None = None  # infrastructure failure (the episode is marked `error`, not `fail`)
+    crash: str | None = None  # the agent's own exception (the episode fails with this reason)
 
 
 class Agent(Protocol):

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import inspect
 
+from ..fhir import TransportError
 from ._agent import instantiate, load_class
-from ._backend import DEFAULT_LOCAL_MODEL, make_backend
-from ._builtin import CommandAgent, NullAgent, ReferenceAgent
+from ._backend import DEFAULT_LOCAL_MODEL, BackendError, make_backend
+from ._builtin import CommandAgent, GuessAgent, NothingFoundAgent, NullAgent, ReferenceAgent
 from ._react import ReactAgent
 
 DEFAULT_MODEL = f"local/{DEFAULT_LOCAL_MODEL}"
+#: Exceptions that mean the infrastructure failed (the model's backend, the FHIR transport), not the agent:
+#: an episode that ends in one is ``error`` and leaves the success rate; any other exception is a fail.
+INFRASTRUCTURE_ERRORS: tuple[type[BaseException], ...] = (BackendError, TransportError)
+#: The agents that need no model, by name.
+BUILTIN_AGENTS = {"reference": ReferenceAgent, "null": NullAgent, "nothing-found": NothingFoundAgent,
+                  "guess": GuessAgent}
 
 
 def needs_model(agent: str) -> bool:
@@ -18,12 +25,10 @@ def needs_model(agent: str) -> bool:
 
 def make_agent(agent: str, model: str | None = None, base_url: str | None = None, max_iterations: int = 15,
                **backend_options):
-    """``react`` (with ``model``, default the local 1.5B), ``reference``, ``null``, ``cmd:PROGRAM ARGS``
-    or ``package.module:Class``."""
-    if agent == "reference":
-        return ReferenceAgent()
-    if agent == "null":
-        return NullAgent()
+    """``react`` (with ``model``, default the local 1.5B), ``reference``, ``null``, ``nothing-found``,
+    ``guess``, ``cmd:PROGRAM ARGS`` or ``package.module:Class``."""
+    if agent in BUILTIN_AGENTS:
+        return BUILTIN_AGENTS[agent]()
     if agent.startswith("cmd:"):
         command = agent[4:].strip()
         if not command:
@@ -42,4 +47,5 @@ def make_agent(agent: str, model: str | None = None, base_url: str | None = None
         if not getattr(obj, "name", None):
             obj.name = agent
         return obj
-    raise ValueError(f"unknown agent {agent!r}: use react, reference, null, cmd:PROGRAM or package.module:Class")
+    raise ValueError(f"unknown agent {agent!r}: use react, {', '.join(BUILTIN_AGENTS)}, cmd:PROGRAM or "
+                     "package.module:Class")

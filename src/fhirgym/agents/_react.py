@@ -46,8 +46,8 @@ class ReactAgent:
 
     def run(self, task: AgentTask) -> AgentResult:
         system = self.system_prompt
-        if task.extra.get("system_suffix"):
-            system += "\n\n" + task.extra["system_suffix"]
+        if task.instructions:
+            system += "\n\n" + task.instructions
         # The clock opens the user turn, not the system prompt: system prompt + tool schemas then form the
         # same prefix in every episode, which a local model reuses from its KV cache (no prefill).
         user = clock_block(task.now) + "\n\n" + task.prompt + "\n\n" + NUDGE

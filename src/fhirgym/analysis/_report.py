@@ -143,19 +143,22 @@ REPORT = """<!doctype html>
 
 <h2 id="success">Success rate</h2>
 <p class="note">Strict validator; mean ± sample sd (n − 1) of the per-run success rates; pooled = all scored
-episodes together. Errors are infrastructure failures, shown but not counted as failures.</p>
+episodes together. Errors are infrastructure failures, shown but not counted as failures. The
+nothing-found floor is what the constant "nothing found" reply, with no tool call, scores on the same
+scored instances (computed from the gold, no model run): a score means something only above it.</p>
 <div class="scroll"><table>
 <tr><th class="l">config</th><th class="l">setting</th><th>episodes</th><th>errors</th><th>scored</th><th>runs</th>
-<th>success % (mean ± sd)</th><th>pooled %</th><th class="l">per run %</th></tr>
+<th>success % (mean ± sd)</th><th>pooled %</th><th>nothing-found floor %</th><th class="l">per run %</th></tr>
 {% for r in m.success %}<tr><td class="l">{{ r.config }}</td><td class="l">{{ r.setting }}</td><td>{{ r.n_episodes | num }}</td>
 <td>{{ r.n_errors | num }}</td><td>{{ r.n | num }}</td><td>{{ r.runs }}</td><td><b>{{ pm(r.mean, r.sd) }}</b></td>
-<td>{{ r.pooled | num }}</td><td class="l">{% for p in r.per_run %}r{{ p.run }}: {{ p.rate | num }} (n={{ p.n }}){{ ", " if not loop.last }}{% endfor %}</td></tr>
+<td>{{ r.pooled | num }}</td><td>{{ r.floor | num }}</td><td class="l">{% for p in r.per_run %}r{{ p.run }}: {{ p.rate | num }} (n={{ p.n }}){{ ", " if not loop.last }}{% endfor %}</td></tr>
 {% endfor %}
 </table></div>
 {{ fig("success", "bar chart of success rate per config") }}
 
 <h3 id="by-category">By category</h3>
-<p class="note">Success % (mean ± sd over runs) and scored episodes per config.</p>
+<p class="note">Success % (mean ± sd over runs), scored episodes, infrastructure errors and the
+nothing-found floor per config.</p>
 {{ wide_table(wide.category, "category") }}
 {{ fig("success_by_category", "grouped bar chart of success rate by category and config") }}
 <h3 id="by-difficulty">By difficulty</h3>
@@ -414,7 +417,8 @@ def _wide_tables(m: dict[str, Any]) -> dict[str, Any]:
     labels = [g["label"] for g in m["meta"]["groups"]]
 
     def succ(r: dict[str, Any]) -> str:
-        return f"{_pm(r['mean'], r['sd'])} ({r['n']})"
+        floor = "" if r.get("floor") is None else f", floor {_num(r['floor'])}"
+        return f"{_pm(r['mean'], r['sd'])} ({r['n']}, {r.get('n_errors', 0)} errors{floor})"
 
     def tok(r: dict[str, Any]) -> str:
         return f"{_num(r['mean_total'], 0)} ({r['n']})"
@@ -526,13 +530,15 @@ def render_markdown(metrics: dict[str, Any]) -> str:
            f"{meta['n_results']} episodes ({meta['n_scored']} scored, {meta['n_errors']} infrastructure errors "
            f"excluded from success metrics), {meta['n_tasks']} tasks.\n",
            "## Success rate (strict; mean ± sample sd over runs)\n",
-           _md_table(["config", "setting", "episodes", "errors", "scored", "runs", "success %", "pooled %"],
+           _md_table(["config", "setting", "episodes", "errors", "scored", "runs", "success %", "pooled %",
+                      "nothing-found floor %"],
                      [[r["config"], r["setting"], r["n_episodes"], r["n_errors"], r["n"], r["runs"],
-                       _pm(r["mean"], r["sd"]), _num(r["pooled"])] for r in m["success"]])]
+                       _pm(r["mean"], r["sd"]), _num(r["pooled"]), _num(r["floor"])] for r in m["success"]])]
     for field in ("category", "difficulty"):
-        out += [f"### By {field}\n", _md_table(["config", field, "scored", "success %", "pooled %"], [
-            [r["label"], r[field], r["n"], _pm(r["mean"], r["sd"]), _num(r["pooled"])]
-            for r in m[f"success_by_{field}"]])]
+        out += [f"### By {field}\n", _md_table(["config", field, "scored", "errors", "success %", "pooled %",
+                                                 "floor %"], [
+            [r["label"], r[field], r["n"], r["n_errors"], _pm(r["mean"], r["sd"]), _num(r["pooled"]),
+             _num(r["floor"])] for r in m[f"success_by_{field}"]])]
     out += ["## Writing tasks: light vs strict validator\n",
             _md_table(["config", "episodes", "strict %", "light %"],
                       [[r["label"], r["n"], _pm(r["strict_mean"], r["strict_sd"]), _pm(r["light_mean"], r["light_sd"])]

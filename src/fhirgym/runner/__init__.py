@@ -5,16 +5,16 @@
 """
 
 from ._episode import EpisodeKey, run_episode
-from ._eval import CONFIGS, EvalError, EvalSpec, plan, progress_line, run_eval, summary
+from ._eval import EvalError, EvalSpec, instance_seed, plan, progress_line, run_eval, summary
 from ._results import RESULTS, append_result, read_results
 
 __all__ = [
-    "CONFIGS",
     "RESULTS",
     "EpisodeKey",
     "EvalError",
     "EvalSpec",
     "append_result",
+    "instance_seed",
     "plan",
     "progress_line",
     "read_results",

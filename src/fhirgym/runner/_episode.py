@@ -1,21 +1,20 @@
-"""One episode: fork the instance's pre-run state, let the agent work, validate, describe the result.
+"""One episode of an evaluation: drive the agent through an :class:`~fhirgym.env.Episode`, describe it.
 
 The result line and the transcript follow docs/RESULTS.md. Everything the sandbox does (fork, tools,
 diff, validation) is timed apart from the model (``sandbox_s``), because the sandbox must stay a small
-share of an episode's wall time.
+share of an episode's wall time. Only infrastructure failures (the model's backend, the FHIR transport,
+the code sandbox) make an episode ``error``; an exception from the agent's own code is its ``fail``.
 """
 
 from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..agents import AgentResult, AgentTask
-from ..tasks import Instance, failure_modes_of, proximity
-from ..tasks._answer import render
-from ..tools import Tool, Toolbox
+from ..agents import INFRASTRUCTURE_ERRORS, AgentResult, AgentTask, ReferenceAgent
+from ..env import Config, Episode, solve_reference
+from ..tasks import Instance, failure_modes_of, proximity, render
 
 
 @dataclass(frozen=True)
@@ -35,42 +34,41 @@ class EpisodeKey:
         return self.id.replace("/", "__") + ".json"
 
 
-def run_episode(key: EpisodeKey, inst: Instance, agent, tools: tuple[Tool, ...], *, setting: str = "default",
-                model: str | None = None, budget: int | None = None, max_iterations: int = 15,
-                extra: dict | None = None, serve_mcp: Callable[[Toolbox], object] | None = None
-                ) -> tuple[dict, dict]:
-    """Run ``agent`` on ``inst``; returns (result line, transcript)."""
+def _act(agent, task: AgentTask, episode: Episode) -> tuple[AgentResult, str | None]:
+    """The agent's result and, when it raised, the traceback. The built-in reference agent gets the
+    family's solver here (never through the task), and a plug-in subclass of it does not."""
+    try:
+        if type(agent) is ReferenceAgent:
+            text = solve_reference(episode)
+            return AgentResult(text, "answered", iterations=len(episode.calls), messages=[
+                {"role": "user", "content": task.prompt}, {"role": "assistant", "content": text}]), None
+        return agent.run(task), None
+    except INFRASTRUCTURE_ERRORS as exc:
+        return AgentResult(None, "error", error=f"{type(exc).__name__}: {exc}"), traceback.format_exc(limit=8)
+    except Exception as exc:  # the agent's own bug: its failure, with the reason recorded
+        return (AgentResult(None, "crashed", error=None, crash=f"{type(exc).__name__}: {exc}"),
+                traceback.format_exc(limit=8))
+
+
+def run_episode(key: EpisodeKey, inst: Instance, agent, config: Config | str = "baseline", *,
+                setting: str = "default", model: str | None = None, budget: int | None = None,
+                max_iterations: int = 15) -> tuple[dict, dict]:
+    """Run ``agent`` on ``inst`` in a fresh episode; returns (result line, transcript)."""
     t0 = time.perf_counter()
     fam = inst.family
-    ep = inst.open()
-    box = ep.toolbox(tools, budget)
-    handles: list = []
-
-    def mcp_url() -> str:
-        if serve_mcp is None:
-            raise RuntimeError("this runner was started without MCP support")
-        handle = serve_mcp(box)
-        handles.append(handle)
-        return handle.url
-
-    task = AgentTask(inst.prompt, inst.now, box, max_iterations=max_iterations, mcp_url=mcp_url,
-                     reference=lambda tb: fam.solve(tb, inst.params, inst.now), extra=extra or {})
-    error = None
-    try:
-        result = agent.run(task)
-    except Exception as exc:  # an agent that crashes is an infrastructure error, recorded, not fatal
-        result = AgentResult(None, "error", error=f"{type(exc).__name__}: {exc}")
-        error = traceback.format_exc(limit=8)
-    finally:
-        for h in handles:
-            h.close()
-    try:
-        verdict = ep.finish(result.final_answer)
-    finally:
-        ep.close()
+    with Episode(inst, config, budget=budget) as ep:
+        obs = ep.reset()
+        task = AgentTask(obs.prompt, obs.now, ep.tools, max_iterations=max_iterations,
+                         instructions=obs.instructions)
+        result, trace = _act(agent, task, ep)
+        verdict = ep.submit(result.final_answer)
+        floor = ep.floor()
+        calls = ep.calls
     duration = time.perf_counter() - t0
     status = "error" if result.error else ("pass" if verdict.success else "fail")
-    calls = box.calls
+    reasons = list(verdict.reasons)
+    if result.crash:
+        reasons.insert(0, f"agent crashed: {result.crash}")
     names = [c.name for c in calls]
     modes = failure_modes_of(fam, calls, bool(verdict.collateral)) if status == "fail" else []
     line = {
@@ -78,9 +76,10 @@ def run_episode(key: EpisodeKey, inst: Instance, agent, tools: tuple[Tool, ...],
         "writes": fam.writes, "seed": key.seed, "paraphrase": key.paraphrase, "prompt_id": inst.prompt_id,
         "run": key.run, "config": key.config, "setting": setting, "agent": getattr(agent, "name", str(agent)),
         "model": model, "status": status,
-        "success": None if status == "error" else verdict.success,
+        "success": None if status == "error" else verdict.success and not result.crash,
         "light_success": None if status == "error" or not fam.writes else verdict.light_success,
-        "reasons": verdict.reasons, "failure_modes": modes,
+        "floor_nothing_found": floor,
+        "reasons": reasons, "failure_modes": modes,
         "proximity": proximity(names, fam.sequences), "expected_min_calls": inst.expected_min_calls,
         "tool_calls": [c.to_json() for c in calls],
         "tokens": {"prompt": result.prompt_tokens, "completion": result.completion_tokens},
@@ -95,6 +94,6 @@ def run_episode(key: EpisodeKey, inst: Instance, agent, tools: tuple[Tool, ...],
         "expected_changes": [e.describe() for e in inst.gold.expects],
         "messages": result.messages, "tool_calls": [c.to_json(full=True) for c in calls],
         "diff": [c.to_json() for c in verdict.changes], "verdict": verdict.to_json(),
-        "traceback": error,
+        "traceback": trace,
     }
     return line, transcript

@@ -1,12 +1,20 @@
 """Evaluation runs: tasks × seeds × paraphrases × runs of one agent and configuration, into a directory.
 
 ``run_eval(EvalSpec(...))`` plans the episodes, skips those already in ``results.jsonl`` when resuming,
-runs the rest (``parallel`` at a time, each on its own isolated store forked from the task instance's
-pre-run snapshot) and appends one line per finished episode (docs/RESULTS.md).
+runs the rest (``parallel`` at a time, each an :class:`~fhirgym.env.Episode` on its own store forked
+from the task instance's pre-run snapshot) and appends one line per finished episode (docs/RESULTS.md).
+
+A sealed run (``sealed=True``) derives every instance's seed from a secret drawn at the start
+(HMAC-SHA256 of ``task_id|seed``): public code plus the public seeds cannot rebuild the gold while the
+run goes on. ``run.json`` holds only the secret's sha256 until the run ends (normally, by an exception
+or Ctrl-C), then the secret itself; ``secret=`` replays or resumes a sealed run.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -19,24 +27,11 @@ from pathlib import Path
 import orjson
 
 from ..agents import DEFAULT_MODEL, make_agent, needs_model
+from ..env import UnknownConfig, configs, get_config
 from ..tasks import Instance, TaskWorld, make_instance, select
-from ..tools import FHIR_TOOLS, Tool
 from ..world import world_sha256
 from ._episode import EpisodeKey, run_episode
 from ._results import RESULTS, append_result, read_results, write_atomic
-
-CONFIGS = ("baseline", "specs")
-
-
-def config_tools(config: str) -> tuple[Tool, ...]:
-    """The tools an agent gets in a configuration (memory configurations add theirs in the memory layer)."""
-    if config == "baseline":
-        return FHIR_TOOLS
-    if config == "specs":
-        from ..tools import SPEC_TOOLS
-
-        return FHIR_TOOLS + tuple(SPEC_TOOLS)
-    raise EvalError(f"unknown --config {config!r}; known: {', '.join(CONFIGS)}")
 
 
 class EvalError(RuntimeError):
@@ -60,11 +55,29 @@ class EvalSpec:
     max_iterations: int = 15
     budget: int | None = None
     paraphrases: int = 0  # 0: template prompts only; k: also the first k cached paraphrases
+    sealed: bool = False  # instance seeds derived from a secret no agent sees during the run
+    secret: str | None = field(default=None, repr=False)  # a sealed run's secret (hex), to replay or resume it
 
     def identity(self) -> dict:
         """What must match for ``--resume`` to append to an existing directory."""
-        return {k: v for k, v in asdict(self).items() if k in ("agent", "model", "config", "setting", "budget",
-                                                                "max_iterations")}
+        out = {k: v for k, v in asdict(self).items() if k in ("agent", "model", "config", "setting", "budget",
+                                                               "max_iterations")}
+        if self.sealed and self.secret:
+            out["secret_sha256"] = _commitment(self.secret)
+        return out
+
+
+def _commitment(secret: str) -> str:
+    return hashlib.sha256(bytes.fromhex(secret)).hexdigest()
+
+
+def instance_seed(spec: EvalSpec, task_id: str, seed: int) -> int:
+    """The seed an instance is built from: the public one, or in a sealed run one derived from the secret."""
+    if not spec.sealed:
+        return seed
+    assert spec.secret is not None
+    digest = hmac.new(bytes.fromhex(spec.secret), f"{task_id}|{seed}".encode(), hashlib.sha256).digest()
+    return int.from_bytes(digest[:6], "big")
 
 
 def plan(spec: EvalSpec) -> list[EpisodeKey]:
@@ -73,6 +86,33 @@ def plan(spec: EvalSpec) -> list[EpisodeKey]:
         raise EvalError(f"--tasks {spec.tasks!r} selects no task")
     return [EpisodeKey(spec.config, f.id, seed, p, run) for f in fams for seed in spec.seeds
             for p in range(spec.paraphrases + 1) for run in range(spec.runs)]
+
+
+def _seal(spec: EvalSpec) -> None:
+    if spec.secret is not None:
+        spec.sealed = True
+        try:
+            if len(bytes.fromhex(spec.secret)) < 16:
+                raise ValueError
+        except ValueError:
+            raise EvalError("--secret must be the hex secret a sealed run recorded in run.json") from None
+    elif spec.sealed:
+        if spec.resume and (spec.out / "run.json").exists():
+            raise EvalError(f"resuming the sealed run in {spec.out} needs its secret: pass --secret (from "
+                            "run.json's 'sealed.secret')")
+        spec.secret = secrets.token_hex(16)
+    if spec.sealed and spec.paraphrases:
+        raise EvalError("a sealed run cannot use cached paraphrases (they are written for the public seeds)")
+
+
+def _reveal(spec: EvalSpec) -> None:
+    """Write the secret of a sealed run into run.json, once the run has ended."""
+    run_file = spec.out / "run.json"
+    info = orjson.loads(run_file.read_bytes())
+    info["sealed"] = {"secret_sha256": _commitment(spec.secret or ""), "secret": spec.secret,
+                      "revealed": datetime.now(UTC).isoformat(timespec="seconds"),
+                      "replay": f"fhirgym eval ... --secret {spec.secret}"}
+    write_atomic(run_file, info)
 
 
 def _prepare_dir(spec: EvalSpec, world: TaskWorld) -> set[str]:
@@ -89,7 +129,7 @@ def _prepare_dir(spec: EvalSpec, world: TaskWorld) -> set[str]:
             raise EvalError(f"--resume into {out} with different settings {diff}: use another --out")
     if not run_file.exists() or not spec.resume:
         info = {"identity": spec.identity(), "spec": {k: str(v) if isinstance(v, Path) else v
-                                                      for k, v in asdict(spec).items()},
+                                                      for k, v in asdict(spec).items() if k != "secret"},
                 "fhirgym_version": version("fhirgym"), "world": str(world.path),
                 "world_manifest": world.manifest, "world_sha256": world_sha256(world.path),
                 "started": datetime.now(UTC).isoformat(timespec="seconds")}
@@ -102,9 +142,22 @@ def run_eval(spec: EvalSpec, world: TaskWorld, progress: Callable[[dict, int, in
     """Run (or resume) the evaluation; returns every result line of the directory.
 
     ``agent``: an agent object to use instead of building one from ``spec.agent`` (tests, notebooks)."""
-    tools = config_tools(spec.config)
+    try:
+        config = get_config(spec.config)
+    except UnknownConfig as exc:
+        raise EvalError(f"unknown --config {spec.config!r}; known: {', '.join(configs())}") from exc
     keys = plan(spec)
+    _seal(spec)
     done = _prepare_dir(spec, world)
+    try:
+        return _run(spec, world, config, keys, done, progress, agent)
+    finally:
+        if spec.sealed:
+            _reveal(spec)
+
+
+def _run(spec: EvalSpec, world: TaskWorld, config, keys: list[EpisodeKey], done: set[str],
+         progress: Callable[[dict, int, int], None] | None, agent) -> list[dict]:
     todo = [k for k in keys if k.id not in done]
     if agent is None:
         agent = make_agent(spec.agent, spec.model, spec.base_url, spec.max_iterations)
@@ -119,7 +172,7 @@ def run_eval(spec: EvalSpec, world: TaskWorld, progress: Callable[[dict, int, in
         with lock:
             if ik in instances:
                 return instances[ik]
-            inst = make_instance(key.task_id, key.seed, world)
+            inst = make_instance(key.task_id, instance_seed(spec, key.task_id, key.seed), world)
             if key.paraphrase:
                 from ..tasks._paraphrase import cached_paraphrase
 
@@ -128,13 +181,12 @@ def run_eval(spec: EvalSpec, world: TaskWorld, progress: Callable[[dict, int, in
             instances[ik] = inst
             return inst
 
-    serve = _mcp_server if spec.agent.startswith("cmd:") else None
     # --budget, else what the agent's model can afford (a local model: less), else the tools' default
     budget = spec.budget or getattr(getattr(agent, "backend", None), "tool_budget", None)
 
     def one(key: EpisodeKey) -> dict:
-        line, transcript = run_episode(key, instance(key), agent, tools, setting=spec.setting, model=model,
-                                       budget=budget, max_iterations=spec.max_iterations, serve_mcp=serve)
+        line, transcript = run_episode(key, instance(key), agent, config, setting=spec.setting, model=model,
+                                       budget=budget, max_iterations=spec.max_iterations)
         write_atomic(spec.out / line["transcript"], transcript)
         append_result(spec.out, line)
         return line
@@ -160,14 +212,9 @@ def run_eval(spec: EvalSpec, world: TaskWorld, progress: Callable[[dict, int, in
     return read_results(spec.out)
 
 
-def _mcp_server(toolbox):
-    from ..mcp import serve_http
-
-    return serve_http(toolbox)
-
-
 def summary(results: list[dict]) -> str:
-    """The table printed at the end of ``fhirgym eval``: success by category and difficulty, tokens."""
+    """The table printed at the end of ``fhirgym eval``: success by category and difficulty, errors, the
+    nothing-found floor on the same instances, tokens."""
     def row(label: str, group: list[dict]) -> str:
         scored = [r for r in group if r["status"] != "error"]
         ok = sum(bool(r["success"]) for r in scored)
@@ -176,9 +223,12 @@ def summary(results: list[dict]) -> str:
         tokens = sum(r["tokens"]["prompt"] + r["tokens"]["completion"] for r in group) / max(1, len(group))
         errors = len(group) - len(scored)
         rate = f"{100 * ok / len(scored):5.1f}" if scored else "    -"
-        return f"{label:28} {len(group):5} {rate} % {light} % {errors:6} {tokens:9.0f}"
+        floors = [r["floor_nothing_found"] for r in scored if r.get("floor_nothing_found") is not None]
+        floor = f"{100 * sum(floors) / len(floors):5.1f}" if floors else "    -"
+        return f"{label:28} {len(group):5} {rate} % {light} % {errors:6} {floor} % {tokens:9.0f}"
 
-    head = f"{'':28} {'n':>5} {'strict':>7} {'light':>7} {'errors':>6} {'tokens/ep':>9}"
+    head = (f"{'':28} {'n':>5} {'strict':>7} {'light':>7} {'errors':>6} {'floor':>7} {'tokens/ep':>9}"
+            "   (floor: the constant nothing-found reply on the same instances)")
     lines = [head, "-" * len(head)]
     for cat in sorted({r["category"] for r in results}):
         lines.append(row(cat, [r for r in results if r["category"] == cat]))
@@ -201,4 +251,4 @@ def progress_line(line: dict, finished: int, total: int, started: float, counts:
             f"{elapsed:5.0f}s elapsed, ~{eta:4.0f}s left  {line['task_id'][:40]:40}")
 
 
-__all__ = ["CONFIGS", "RESULTS", "EvalError", "EvalSpec", "plan", "progress_line", "run_eval", "summary"]
+__all__ = ["RESULTS", "EvalError", "EvalSpec", "instance_seed", "plan", "progress_line", "run_eval", "summary"]

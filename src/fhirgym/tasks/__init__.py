@@ -3,12 +3,14 @@
     from fhirgym.tasks import TaskWorld, families, make_instance
     world = TaskWorld.open(path_of_a_world_file)
     inst = make_instance("scheduling.book_first_free_slot", seed=3, world=world)
-    with inst.open() as ep:             # isolated store at the pre-run state
-        ...                              # an agent works through ep.toolbox()
-        verdict = ep.finish(final_answer)
+    with inst.open() as fork:           # isolated store at the pre-run state
+        ...                              # the reference solution works through fork.toolbox()
+        verdict = fork.finish(final_answer)
+
+Agents never get a fork: they work in a :class:`fhirgym.env.Episode`.
 """
 
-from ._answer import NOT_FOUND, AnswerSpec, Field, answer_text, parse_answer
+from ._answer import NOT_FOUND, AnswerSpec, Field, answer_text, parse_answer, render
 from ._diff import Change, diff, mark
 from ._expect import Check, Expect, match
 from ._failure import MODES, failure_modes, failure_modes_of, proximity
@@ -16,8 +18,8 @@ from ._family import (
     CATEGORIES,
     CATEGORY_TITLES,
     DEFAULT_SUBSET,
-    Episode,
     Family,
+    Fork,
     Gold,
     Instance,
     TaskInfeasible,
@@ -41,10 +43,10 @@ __all__ = [
     "AnswerSpec",
     "Change",
     "Check",
-    "Episode",
     "Expect",
     "Family",
     "Field",
+    "Fork",
     "Gold",
     "Instance",
     "TaskInfeasible",
@@ -64,5 +66,6 @@ __all__ = [
     "parse_answer",
     "proximity",
     "register",
+    "render",
     "select",
 ]

@@ -263,21 +263,23 @@ class Instance:
         now = self.now
         return ServerConfig(clock=lambda: now, id_seed=self.seed)
 
-    def open(self) -> Episode:
+    def open(self) -> Fork:
         """An isolated store at the pre-run state, with a server and client on it."""
         store = self.snapshot.open()
         server = FhirServer(store, self.world.spec, self.server_config())
-        return Episode(self, store, InProcessClient(server, self.snapshot), mark(store))
+        return Fork(self, store, InProcessClient(server, self.snapshot), mark(store))
 
-    def validate(self, final_answer: str | None, changes: list[Change]) -> Verdict:
+    def validate(self, final_answer: str | None, changes: list[Change], gold: Gold | None = None) -> Verdict:
+        """Judge a final answer and a store diff against ``gold`` (default: the instance's own)."""
         fam = self.family
+        gold = self.gold if gold is None else gold
         reasons: list[str] = []
         answer_ok: bool | None = None
-        if fam.answer is not None and self.gold.answer is not None:
-            why = fam.answer.compare(fam.answer.parse(final_answer), self.gold.answer)
+        if fam.answer is not None and gold.answer is not None:
+            why = fam.answer.compare(fam.answer.parse(final_answer), gold.answer)
             answer_ok = not why
             reasons += [f"answer: {r}" for r in why]
-        m = match(self.gold.expects, changes)
+        m = match(gold.expects, changes)
         for exp, why in m.unmet:
             reasons += [f"missing change: {exp.describe()}: {'; '.join(why)}"]
         collateral = [f"{c.op} {c.key}" for c in m.collateral]
@@ -312,8 +314,12 @@ class Instance:
 
 
 @dataclass
-class Episode:
-    """One isolated run of an instance: its store, client and the pre-run marker for the diff."""
+class Fork:
+    """An instance's pre-run state forked onto its own store: client, diff and judge.
+
+    The primitive under :class:`fhirgym.env.Episode` (what agents, the runner, memory and RL drive) and
+    under the validators' own proofs (reference runs, mutations); agents never get one.
+    """
 
     instance: Instance
     store: Store
@@ -327,13 +333,13 @@ class Episode:
     def changes(self) -> list[Change]:
         return diff(self.store, self.start)
 
-    def finish(self, final_answer: str | None) -> Verdict:
-        return self.instance.validate(final_answer, self.changes())
+    def finish(self, final_answer: str | None, gold: Gold | None = None) -> Verdict:
+        return self.instance.validate(final_answer, self.changes(), gold)
 
     def close(self) -> None:
         self.store.close()
 
-    def __enter__(self) -> Episode:
+    def __enter__(self) -> Fork:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -8,16 +8,46 @@ and errors as compact results (HTTP status + OperationOutcome issues with their 
 
 from __future__ import annotations
 
+import functools
+import re
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
 
 from ..fhir import FhirClient, Response, TransportError
+from ..spec import load_spec
 from ._core import Tool, ToolContext, ToolError
 
 _TYPE = {"type": "string", "description": "FHIR resource type, e.g. Patient, Appointment, Slot"}
 _ID = {"type": "string", "description": "logical id of the resource (without the type prefix)"}
+
+
+#: FHIR's id syntax (R4 §2.24.0.1 "id"): what a resourceId may be, so it can never smuggle in a path or query.
+_ID_RE = re.compile(r"[A-Za-z0-9\-.]{1,64}", re.ASCII)
+#: A search parameter name with its modifier or chain (``subject:Patient.family``, ``_has:Observation:…``).
+_PARAM_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_\-.:]*", re.ASCII)
+
+
+@functools.cache
+def _resource_types() -> frozenset[str]:
+    return frozenset(load_spec().resource_types)
+
+
+def _rtype(args: dict) -> str:
+    """The ``resourceType`` argument, which must name an R4 resource type (never a path or a query)."""
+    rtype = args["resourceType"]
+    if rtype not in _resource_types():
+        raise ToolError(f"resourceType {rtype!r} is not an R4 resource type (e.g. Patient, Observation); "
+                        "use listResourceTypes")
+    return rtype
+
+
+def _rid(args: dict) -> str:
+    rid = args["resourceId"]
+    if not _ID_RE.fullmatch(rid):
+        raise ToolError(f"resourceId {rid!r} is not a FHIR id (1-64 of A-Z a-z 0-9 - .), without the type prefix")
+    return rid
 
 
 def _client(ctx: ToolContext) -> FhirClient:
@@ -65,7 +95,7 @@ def list_resource_types(ctx: ToolContext, args: dict) -> dict:
 
 
 def get_resource_by_id(ctx: ToolContext, args: dict) -> dict:
-    resp = _request(ctx, _client(ctx).read, args["resourceType"], args["resourceId"])
+    resp = _request(ctx, _client(ctx).read, _rtype(args), _rid(args))
     return resp.body or {}
 
 
@@ -76,6 +106,9 @@ def _params(raw: Any) -> list[tuple[str, str]]:
         raise ToolError("params must be an object of search parameter → value (or list of values)")
     out: list[tuple[str, str]] = []
     for key, value in raw.items():
+        if not _PARAM_RE.fullmatch(key):
+            raise ToolError(f"search parameter name {key!r} is not a parameter name (e.g. 'family', "
+                            "'subject:Patient', 'patient.family'); put values in the value, not the name")
         values = value if isinstance(value, list) else [value]
         for v in values:
             if isinstance(v, dict | list) or v is None:
@@ -87,10 +120,10 @@ def _params(raw: Any) -> list[tuple[str, str]]:
 
 def search_resources(ctx: ToolContext, args: dict) -> dict:
     client = _client(ctx)
-    rtype = args["resourceType"]
+    rtype = _rtype(args)
     page_limit = max(1, int(args.get("page_limit") or 5))
     if args.get("page_url"):
-        resp = _request(ctx, client.follow, args["page_url"])
+        resp = _request(ctx, client.follow, _page_link(client, args["page_url"]))
     else:
         resp = _request(ctx, client.search, rtype, _params(args.get("params")))
     matches: list[dict] = []
@@ -125,6 +158,16 @@ def search_resources(ctx: ToolContext, args: dict) -> dict:
     if next_url:
         out["next_page_url"] = next_url
     return out
+
+
+def _page_link(client: FhirClient, url: str) -> str:
+    """A paging link of this server's searches; any other URL (``_history``, an operation) is refused."""
+    parts = urlsplit(url)
+    base = urlsplit(client.base_url)
+    own = parts.path.rstrip("/") == base.path.rstrip("/") and (not parts.netloc or parts.netloc == base.netloc)
+    if not own or "_getpages" not in dict(parse_qsl(parts.query)):
+        raise ToolError("page_url must be a next_page_url returned by an earlier search")
+    return url
 
 
 def _offset(url: str | None) -> int | None:
@@ -167,7 +210,7 @@ def _body(args: dict) -> dict:
             raise ToolError(f"body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise ToolError("body must be a JSON object (a FHIR resource)")
-    rtype = args["resourceType"]
+    rtype = _rtype(args)
     if body.setdefault("resourceType", rtype) != rtype:
         raise ToolError(f"body.resourceType {body['resourceType']!r} does not match resourceType {rtype!r}")
     return body
@@ -180,14 +223,14 @@ def create_resource(ctx: ToolContext, args: dict) -> dict:
 
 def update_resource(ctx: ToolContext, args: dict) -> dict:
     body = _body(args)
-    if body.setdefault("id", args["resourceId"]) != args["resourceId"]:
+    if body.setdefault("id", _rid(args)) != args["resourceId"]:
         raise ToolError(f"body.id {body['id']!r} does not match resourceId {args['resourceId']!r}")
     version = args.get("ifMatchVersion")
     return _written(_request(ctx, _client(ctx).update, body, str(version) if version not in (None, "") else None))
 
 
 def delete_resource(ctx: ToolContext, args: dict) -> dict:
-    resp = _request(ctx, _client(ctx).delete, args["resourceType"], args["resourceId"])
+    resp = _request(ctx, _client(ctx).delete, _rtype(args), _rid(args))
     return {"status": resp.status, "deleted": f"{args['resourceType']}/{args['resourceId']}"}
 
 
