@@ -466,5 +466,74 @@ def mcp_specs(transport: str, host: str, port: int, read_only: bool, budget: int
     _mcp_serve(SPEC_TOOLS, None, "fhirgym-specs", transport, host, port, read_only, budget, structured)
 
 
+# -- rl ------------------------------------------------------------------------------------------------
+
+@main.group("rl")
+def rl_group() -> None:
+    """Reinforcement learning: datasets of fhirgym episodes, GRPO recipes, a SkyRL launch for GPUs."""
+
+
+@rl_group.command("dataset")
+@click.option("--track", type=click.Choice(["action"]), default="action", show_default=True)
+@click.option("--split", type=click.Choice(["train", "valid", "test"]), default="train", show_default=True)
+@click.option("--tasks", "selector", default="all", show_default=True, help="Task selector.")
+@click.option("--per-family", default=8, show_default=True, help="Instances per family (seeds of the split).")
+@click.option("--max-turns", default=12, show_default=True)
+@click.option("--format", "formats", default="jsonl,parquet", show_default=True, help="jsonl and/or parquet.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
+@click.option("--world-seed", default=42, show_default=True)
+@click.option("--patients", default=10, show_default=True)
+def rl_dataset(track: str, split: str, selector: str, per_family: int, max_turns: int, formats: str, out: Path,
+               world_seed: int, patients: int) -> None:
+    """Rows in SkyRL's layout (data_source, prompt, env_class, reward_spec, extra_info); TRL reads them too."""
+    from .rl import dataset_rows, write_rows
+
+    rows = dataset_rows(track, split, tasks=selector, per_family=per_family, max_turns=max_turns,
+                        world={"seed": world_seed, "patients": patients})
+    try:
+        paths = write_rows(rows, out, split, tuple(f.strip() for f in formats.split(",") if f.strip()))
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{len(rows)} rows ({split}) → " + ", ".join(str(p) for p in paths))
+
+
+@rl_group.command("recipes")
+@click.option("--json", "as_json", is_flag=True)
+def rl_recipes(as_json: bool) -> None:
+    """The shipped GRPO recipes and what each means for TRL and for SkyRL."""
+    from .rl import load_recipe, recipe_names, skyrl_overrides, trl_args
+
+    out = {n: {"description": load_recipe(n).description, "trl": trl_args(load_recipe(n)),
+               "skyrl": skyrl_overrides(load_recipe(n))} for n in recipe_names()}
+    if as_json:
+        click.echo(json.dumps(out, indent=1))
+        return
+    for name, r in out.items():
+        click.echo(f"{name}: {r['description']}")
+
+
+@rl_group.command("skyrl")
+@click.option("--recipe", default="clip-higher", show_default=True, help="A shipped recipe name or a TOML file.")
+@click.option("--data", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Directory with train.parquet and valid.parquet (fhirgym rl dataset).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
+@click.option("--set", "sets", multiple=True, help="Extra SkyRL override key=value (repeatable).")
+def rl_skyrl(recipe: str, data: Path, out: Path, sets: tuple[str, ...]) -> None:
+    """Write a SkyRL 0.4 launch (GPU machines only; SkyRL needs Python >= 3.12 and CUDA)."""
+    from .rl import load_recipe, write_launch
+
+    extra = {}
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.ClickException(f"--set {item!r}: expected key=value")
+        extra[key] = value
+    try:
+        script = write_launch(load_recipe(recipe), data.resolve(), out, extra)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"wrote {script} (run it on a GPU machine with skyrl[fsdp]==0.4.0 and fhirgym installed)")
+
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,176 @@
+"""Thin shells over :class:`TextEpisode` for the RL frameworks: SkyRL's ``BaseTextEnv``, a
+Gymnasium-style text env, and a TRL ``environment_factory`` class. Each adds no logic of its own, so
+the same transcript gets the same reward in all three (``tests/test_rl.py`` holds them to it).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import orjson
+
+from ..env import get_config
+from ._data import instance_for
+from ._reward import RewardSpec
+from ._text import TEXT_BUDGET, TextEpisode, TextStep
+
+
+def _episode(extra: dict, config: str = "baseline", reward: RewardSpec | None = None) -> TextEpisode:
+    return TextEpisode(instance_for(extra), config, max_turns=int(extra.get("max_turns") or 12),
+                       budget=int(extra.get("budget") or TEXT_BUDGET), reward=reward)
+
+
+# -- Gymnasium style -----------------------------------------------------------------------------------
+
+class FhirTextEnv:
+    """``reset(options={"extra_info": row}) -> (messages, info)``; ``step(text) -> (observations, reward,
+    terminated, truncated, info)``. Gymnasium's signatures, with text for observations and actions."""
+
+    def __init__(self, config: str = "baseline", reward: RewardSpec | None = None) -> None:
+        self.config, self.reward = config, reward
+        self.text: TextEpisode | None = None
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[list[dict], dict]:
+        extra = dict((options or {}).get("extra_info") or {})
+        if seed is not None and "seed" not in extra:
+            extra["seed"] = seed
+        self.close()
+        self.text = _episode(extra, self.config, self.reward)
+        return self.text.reset(), {"task_id": extra.get("task_id"), "seed": extra.get("seed")}
+
+    def step(self, action: str) -> tuple[list[dict], float, bool, bool, dict]:
+        assert self.text is not None, "reset() first"
+        out = self.text.step(action)
+        truncated = out.done and out.info.get("stop") == "max_turns"
+        return out.observations, out.reward, out.done and not truncated, truncated, out.info
+
+    def close(self) -> None:
+        if self.text is not None:
+            self.text.close()
+            self.text = None
+
+
+# -- SkyRL ---------------------------------------------------------------------------------------------
+
+def skyrl_env_class():
+    """The ``skyrl_gym.envs.base_text_env.BaseTextEnv`` subclass (built on first use: skyrl-gym is optional)."""
+    from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
+
+    class FhirSkyRLEnv(BaseTextEnv):
+        """A fhirgym episode as a SkyRL text env; ``extras`` is the dataset row less prompt and env_class."""
+
+        def __init__(self, env_config: Any = None, extras: dict | None = None) -> None:
+            super().__init__()
+            extras = extras or {}
+            extra = dict(extras.get("extra_info") or {})
+            if extras.get("max_turns"):
+                extra["max_turns"] = extras["max_turns"]
+            config = (env_config or {}).get("config", "baseline") if isinstance(env_config, dict) else "baseline"
+            self.text = _episode(extra, config)
+            self.max_turns = self.text.max_turns
+
+        def init(self, prompt: list[dict]) -> tuple[list[dict], dict]:
+            return self.text.reset(), {}
+
+        def step(self, action: str) -> BaseTextEnvStepOutput:
+            out: TextStep = self.text.step(action)
+            self.turns = self.text.turns
+            return BaseTextEnvStepOutput(observations=out.observations, reward=out.reward, done=out.done,
+                                         metadata=out.info, postprocessed_action=None)
+
+        def get_metrics(self) -> dict:
+            verdict = self.text.verdict
+            return {} if verdict is None else {"success": float(verdict.success), "turns": self.text.turns,
+                                               "malformed_turns": self.text.malformed}
+
+        def close(self) -> None:
+            self.text.close()
+
+    return FhirSkyRLEnv
+
+
+def register_skyrl() -> None:
+    """Register ``fhirgym-action`` with skyrl-gym (call it inside SkyRL's Ray entrypoint too)."""
+    from skyrl_gym.envs.registration import register, registry
+
+    if "fhirgym-action" not in registry:
+        register(id="fhirgym-action", entry_point=skyrl_env_class())
+
+
+# -- TRL -----------------------------------------------------------------------------------------------
+
+_PY_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool, "object": dict, "array": list}
+
+
+def _annotation(schema: dict) -> Any:
+    kind = schema.get("type")
+    kinds = kind if isinstance(kind, list) else [kind]
+    types = [_PY_TYPES[k] for k in kinds if k in _PY_TYPES]
+    if not types:
+        return Any
+    out = types[0]
+    for t in types[1:]:
+        out = out | t
+    return out
+
+
+def _tool_method(tool) -> Any:
+    """A method named like the tool, with a signature and a Google-style docstring from its JSON schema
+    (what TRL reads to show the tool to the model); calling it steps the episode."""
+    props = tool.parameters.get("properties", {})
+    required = set(tool.parameters.get("required", []))
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for name, schema in sorted(props.items(), key=lambda kv: kv[0] not in required):
+        ann = _annotation(schema)
+        params.append(inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=ann,
+                                        default=inspect.Parameter.empty if name in required else None))
+
+    def method(self, *args, **kwargs) -> str:
+        bound = method.__signature__.bind(self, *args, **kwargs)
+        arguments = {k: v for k, v in bound.arguments.items() if k != "self" and v is not None}
+        return self._call(tool.name, arguments)
+
+    method.__name__ = method.__qualname__ = tool.name
+    method.__signature__ = inspect.Signature(params, return_annotation=str)
+    method.__annotations__ = {p.name: p.annotation for p in params[1:]} | {"return": str}
+    args_doc = "\n".join(f"    {n}: {props[n].get('description', n)}" for n in (p.name for p in params[1:]))
+    method.__doc__ = f"{tool.description}\n\nArgs:\n{args_doc}\n\nReturns:\n    The tool's JSON result." \
+        if args_doc else f"{tool.description}\n\nReturns:\n    The tool's JSON result."
+    return method
+
+
+def trl_environment(config: str = "baseline", reward: RewardSpec | None = None) -> type:
+    """A class for ``GRPOTrainer(environment_factory=...)``: ``reset(**row)``, one public method per tool of
+    ``config``, and :meth:`finish_reward` for the reward function (TRL ends a rollout on a reply without
+    a tool call, so the reward function hands that final text over)."""
+    namespace: dict[str, Any] = {}
+    for tool in get_config(config).tools:
+        namespace[tool.name] = _tool_method(tool)
+
+    def __init__(self) -> None:
+        self.text = None
+
+    def reset(self, **row) -> str | None:
+        if self.text is not None:
+            self.text.close()
+        self.text = _episode(row.get("extra_info") or {}, config, reward)
+        self.text.reset()
+        return None
+
+    def _call(self, name: str, arguments: dict) -> str:
+        if self.text.verdict is not None:
+            return '{"error": {"message": "the episode is over"}}'
+        return orjson.dumps(self.text.episode.step({"name": name, "arguments": arguments}).output,
+                            default=str).decode()
+
+    def finish_reward(self, final_text: str) -> float:
+        """Judge the episode on the model's final reply (once); the reward as every adapter gives it."""
+        if self.text.verdict is None:
+            self.text.finish(final_text)
+        return self.text.last_reward
+
+    namespace.update(__init__=__init__, reset=reset, _call=_call, finish_reward=finish_reward,
+                     __doc__="fhirgym episode for TRL's environment_factory (tools: "
+                             + ", ".join(t.name for t in get_config(config).tools) + ").")
+    return type("FhirTrlEnv", (), namespace)

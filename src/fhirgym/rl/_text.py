@@ -1,0 +1,122 @@
+"""Text in, text out: an :class:`~fhirgym.env.Episode` driven by what a policy model writes.
+
+``reset()`` gives the chat messages a model starts from (system prompt with the tools in Qwen's
+native ``<tools>`` block, then the clock and the request); ``step(text)`` reads the tool calls in the
+model's reply (``<tool_call>`` JSON, fenced JSON, bare JSON; a fenced ```` ```python ```` block is a
+call of the ``python`` tool where the configuration grants one), runs them through the episode and
+returns their results as ``tool`` messages. A reply without a call is the final answer: the episode
+is judged and the reward given. The adapters (SkyRL, Gymnasium-style, TRL) are thin shells over this.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from ..agents import SYSTEM_PROMPT, clock_block, parse_tool_calls
+from ..env import Config, Episode
+from ..tasks import Instance, Verdict
+from ._reward import RewardSpec
+
+#: The tool output bound of a text episode: a small model's context holds a few such results.
+TEXT_BUDGET = 4_000
+_CODE = re.compile(r"```(?:python|py)[ \t]*\n(.*?)```", re.S)
+_CALL_MARKERS = ("<tool_call", "```json", '"arguments"')
+
+
+def tool_block(schemas: list[dict]) -> str:
+    """The tools as Qwen2.5's chat template states them in the system prompt (one JSON schema a line)."""
+    lines = "\n".join(orjson.dumps(s).decode() for s in schemas)
+    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+            f"{lines}\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+            "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+            '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+
+
+@dataclass
+class TextStep:
+    """What one model reply did: the observations to append, the reward, whether the episode ended."""
+
+    observations: list[dict]
+    reward: float
+    done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class TextEpisode:
+    """One instance as a multi-turn text environment; ``max_turns`` model replies at most.
+
+    Reaching ``max_turns`` with a tool call ends the episode with no final answer (a write the model
+    finished still counts). The reward is :meth:`RewardSpec.reward` of the verdict and the transcript.
+    """
+
+    def __init__(self, instance: Instance, config: Config | str = "baseline", *, max_turns: int = 12,
+                 budget: int = TEXT_BUDGET, reward: RewardSpec | None = None) -> None:
+        self.episode = Episode(instance, config, budget=budget)
+        self.max_turns = max_turns
+        self.reward_spec = reward or RewardSpec()
+        self.turns = 0
+        self.malformed = 0
+        self.verdict: Verdict | None = None
+        self.last_reward: float | None = None
+        self._names: set[str] = set()
+
+    def reset(self) -> list[dict]:
+        """Fork the instance again and return the opening messages (system, user)."""
+        obs = self.episode.reset()
+        self.turns, self.malformed, self.verdict, self.last_reward = 0, 0, None, None
+        self._names = {s["function"]["name"] for s in obs.tools}
+        system = SYSTEM_PROMPT + ("\n\n" + obs.instructions if obs.instructions else "") + "\n\n" + tool_block(obs.tools)
+        return [{"role": "system", "content": system},
+                {"role": "user", "content": clock_block(obs.now) + "\n\n" + obs.prompt}]
+
+    def step(self, action: str) -> TextStep:
+        if self.verdict is not None:
+            raise RuntimeError("the episode is over: reset() it")
+        self.turns += 1
+        calls = self.parse(action)
+        if not calls:
+            if any(m in action for m in _CALL_MARKERS):
+                self.malformed += 1
+            return self._end(action, "answered")
+        observations = []
+        for name, args in calls:
+            done = self.episode.step({"name": name, "arguments": args})
+            observations.append({"role": "tool", "name": name,
+                                 "content": orjson.dumps(done.output, default=str).decode()})
+        if self.turns >= self.max_turns:
+            step = self._end(None, "max_turns")
+            step.observations = []
+            return step
+        return TextStep(observations, 0.0, False, {"turn": self.turns, "tool_calls": len(calls)})
+
+    def parse(self, text: str) -> list[tuple[str, dict]]:
+        """The calls in one reply, in order: tool-call JSON, else ```python blocks for a python tool."""
+        calls, _ = parse_tool_calls(text or "", self._names)
+        if calls:
+            return [(c.name, c.arguments) for c in calls]
+        if "python" in self._names:
+            return [("python", {"code": code}) for code in _CODE.findall(text or "")]
+        return []
+
+    def finish(self, answer: str | None) -> TextStep:
+        """End the episode with ``answer`` as the final reply, whatever it contains (a trainer that stopped
+        the rollout itself, e.g. at its length limit, hands over the last text this way)."""
+        if self.verdict is not None:
+            raise RuntimeError("the episode is over: reset() it")
+        return self._end(answer, "answered")
+
+    def _end(self, answer: str | None, why: str) -> TextStep:
+        self.verdict = self.episode.submit(answer)
+        reward = self.reward_spec.reward(self.verdict, self.malformed, self.episode.instance.family.writes)
+        self.last_reward = reward
+        return TextStep([], reward, True, {"turn": self.turns, "stop": why, "success": self.verdict.success,
+                                           "light_success": self.verdict.light_success,
+                                           "malformed_turns": self.malformed, "reasons": self.verdict.reasons})
+
+    def close(self) -> None:
+        self.episode.close()

@@ -1,0 +1,253 @@
+"""RL over the episode seam: the text episode, its three adapters (same transcript, same reward), rewards,
+datasets in SkyRL's layout, recipes mapped to TRL and SkyRL, and the SkyRL launch."""
+
+from __future__ import annotations
+
+import inspect
+import statistics
+import time
+
+import orjson
+import pytest
+
+from fhirgym.rl import (
+    FhirTextEnv,
+    RewardSpec,
+    TextEpisode,
+    dataset_rows,
+    instance_for,
+    launch_overrides,
+    load_recipe,
+    recipe_names,
+    skyrl_env_class,
+    skyrl_overrides,
+    trl_args,
+    trl_environment,
+    write_launch,
+    write_rows,
+)
+from fhirgym.tasks import TaskWorld
+
+
+@pytest.fixture(scope="module")
+def world_spec(small_world_path):
+    TaskWorld.open(small_world_path)
+    return {"path": str(small_world_path)}
+
+
+def _call(name: str, args: dict) -> str:
+    return "<tool_call>" + orjson.dumps({"name": name, "arguments": args}).decode() + "</tool_call>"
+
+
+def _solve_find_patient(extra: dict) -> list:
+    """A transcript that solves records.find_patient: a search, then the answer built from its result."""
+    inst = instance_for(extra)
+    p = inst.params
+    given, family = p["name"].split()[0], p["name"].split()[-1]
+    search = _call("searchResources", {"resourceType": "Patient", "params": {
+        "given": given, "family": family, "birthdate": p["birth_date"]}})
+
+    def answer(observation: str) -> str:
+        pid = orjson.loads(observation)["resources"][0]["id"]
+        return f'<answer>{{"patient_id": "{pid}"}}</answer>'
+
+    return [search, answer]
+
+
+def _run_text(step, transcript: list) -> tuple[float, bool]:
+    """Feed a transcript to any ``step(text) -> (observations, reward, done)`` callable."""
+    last_obs = None
+    for reply in transcript:
+        text = reply(last_obs) if callable(reply) else reply
+        observations, reward, done = step(text)
+        if done:
+            return reward, True
+        last_obs = observations[-1]["content"]
+    return 0.0, False
+
+
+def _text_step(text):
+    def step(t):
+        s = text.step(t)
+        return s.observations, s.reward, s.done
+    return step
+
+
+def _gym_step(env):
+    def step(t):
+        obs, reward, terminated, truncated, _ = env.step(t)
+        return obs, reward, terminated or truncated
+    return step
+
+
+def _skyrl_step(env):
+    def step(t):
+        out = env.step(t)
+        return out["observations"], out["reward"], out["done"]
+    return step
+
+
+def test_text_episode_solves_and_scores(world_spec):
+    extra = {"task_id": "records.find_patient", "seed": 0, "world": world_spec}
+    text = TextEpisode(instance_for(extra))
+    messages = text.reset()
+    assert [m["role"] for m in messages] == ["system", "user"]
+    assert "<tools>" in messages[0]["content"] and '"name":"searchResources"' in messages[0]["content"]
+    assert "Current date and time" in messages[1]["content"]
+
+    reward, done = _run_text(_text_step(text), _solve_find_patient(extra))
+    assert done and reward == 1.0 and text.verdict.success
+    with pytest.raises(RuntimeError):
+        text.step("again")
+    text.reset()  # a fresh fork: a wrong answer now scores 0
+    s = text.step('<answer>{"patient_id": "nope"}</answer>')
+    assert s.done and s.reward == 0.0
+    text.close()
+
+
+def test_same_transcript_same_reward_in_every_adapter(world_spec):
+    from fhirgym.rl import register_skyrl
+
+    register_skyrl()
+    import skyrl_gym
+
+    for task_id, seed in (("records.find_patient", 0), ("records.find_patient", 1)):
+        extra = {"task_id": task_id, "seed": seed, "world": world_spec}
+        transcripts = {"solve": _solve_find_patient(extra), "wrong": ['<answer>{"patient_id": "x"}</answer>'],
+                       "garbled": ['<tool_call>{"name": "searchResources", "arguments": ', "<answer>{}</answer>"]}
+        for label, transcript in transcripts.items():
+            rewards = {}
+            text = TextEpisode(instance_for(extra), reward=RewardSpec())
+            text.reset()
+            rewards["text"] = _run_text(_text_step(text), transcript)[0]
+            gym = FhirTextEnv()
+            gym.reset(options={"extra_info": extra})
+            rewards["gym"] = _run_text(_gym_step(gym), transcript)[0]
+            env = skyrl_gym.make("fhirgym-action", env_config={}, extras={"extra_info": extra, "max_turns": 12})
+            env.init([])
+            rewards["skyrl"] = _run_text(_skyrl_step(env), transcript)[0]
+            trl = trl_environment()()
+            trl.reset(extra_info=extra)
+            final = None
+            obs = None
+            for reply in transcript:
+                t = reply(obs) if callable(reply) else reply
+                calls = trl.text.parse(t)
+                if not calls:
+                    final = t
+                    break
+                obs = getattr(trl, calls[0][0])(**calls[0][1])
+            rewards["trl"] = trl.finish_reward(final)
+            assert len(set(rewards.values())) == 1, (label, rewards)
+            assert rewards["text"] == (1.0 if label == "solve" else 0.0)
+            for closer in (text, gym, env):
+                closer.close()
+
+
+def test_reward_terms_are_optional_and_bounded(world_spec):
+    extra = {"task_id": "records.create_patient", "seed": 0, "world": world_spec}
+    spec = RewardSpec(light_weight=0.2, format_penalty=0.1)
+    text = TextEpisode(instance_for(extra), reward=spec)
+    text.reset()
+    s = text.step('<tool_call>{"name": broken</tool_call>')
+    assert s.done and s.reward == 0.0 and s.info["malformed_turns"] == 1  # never below zero
+    text.close()
+
+
+def test_max_turns_ends_the_episode(world_spec):
+    extra = {"task_id": "records.find_patient", "seed": 0, "world": world_spec, "max_turns": 2}
+    env = FhirTextEnv()
+    env.reset(options={"extra_info": extra})
+    call = _call("listResourceTypes", {})
+    assert env.step(call)[2:4] == (False, False)
+    obs, reward, terminated, truncated, info = env.step(call)
+    assert truncated and not terminated and reward == 0.0 and info["stop"] == "max_turns" and obs == []
+    env.close()
+
+
+def test_codeact_blocks_are_calls_only_where_a_python_tool_exists(world_spec):
+    text = TextEpisode(instance_for({"task_id": "records.find_patient", "seed": 0, "world": world_spec}))
+    text.reset()
+    assert text.parse("```python\nprint(1)\n```") == []  # baseline grants no python tool: a final answer
+    text.close()
+
+
+def test_reset_cost(world_spec):
+    extra = {"task_id": "scheduling.book_first_free_slot", "seed": 0, "world": world_spec}
+    text = TextEpisode(instance_for(extra))
+    times = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        text.reset()
+        times.append(time.perf_counter() - t0)
+    text.close()
+    assert statistics.median(times) < 0.5  # a sanity bound; bench/bench_rl.py measures the figure
+
+
+def test_datasets_in_skyrl_layout_with_disjoint_splits(world_spec, tmp_path):
+    rows = {split: dataset_rows("action", split, tasks="records.*", per_family=2, world=world_spec)
+            for split in ("train", "valid", "test")}
+    keys = {split: {(r["extra_info"]["task_id"], r["extra_info"]["seed"]) for r in rs} for split, rs in rows.items()}
+    assert all(keys.values()) and not (keys["train"] & keys["valid"] or keys["train"] & keys["test"]
+                                       or keys["valid"] & keys["test"])
+    row = rows["train"][0]
+    assert set(row) == {"data_source", "prompt", "env_class", "reward_spec", "extra_info"}
+    assert row["env_class"] == "fhirgym-action" and row["reward_spec"]["method"] == "rule"
+    assert "gold" not in orjson.dumps(row).decode()
+    paths = write_rows(rows["train"], tmp_path, "train")
+    assert [p.suffix for p in paths] == [".jsonl", ".parquet"]
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(paths[1]).num_rows == len(rows["train"])
+    back = [orjson.loads(line) for line in paths[0].read_bytes().splitlines()]
+    assert back == rows["train"]
+    again = dataset_rows("action", "train", tasks="records.*", per_family=2, world=world_spec)
+    assert again == rows["train"]  # deterministic
+
+
+def test_recipes_map_to_trl_and_skyrl():
+    assert recipe_names() == ["clip-higher", "clip-higher+dynamic", "symmetric"]
+    sym, ch, dyn = (load_recipe(n) for n in ("symmetric", "clip-higher", "clip-higher+dynamic"))
+    assert (trl_args(sym)["epsilon"], trl_args(sym)["epsilon_high"]) == (0.2, 0.2)
+    assert (trl_args(ch)["epsilon"], trl_args(ch)["epsilon_high"]) == (0.2, 0.28)
+    for r in (sym, ch, dyn):
+        t, s = trl_args(r), skyrl_overrides(r)
+        assert t["loss_type"] == "dapo" and s["trainer.algorithm.loss_reduction"] == "token_mean"
+        assert t["beta"] == 0.0 and s["trainer.algorithm.use_kl_loss"] is False
+        assert t["num_generations"] == s["generator.n_samples_per_prompt"] == 8
+        assert t["steps_per_generation"] > 1  # the clip acts only off-policy
+        assert (s["trainer.algorithm.eps_clip_low"], s["trainer.algorithm.eps_clip_high"]) == (r.clip_low, r.clip_high)
+    assert "trainer.algorithm.dynamic_sampling.type" not in skyrl_overrides(ch)
+    assert skyrl_overrides(dyn)["trainer.algorithm.dynamic_sampling.type"] == "filter" and dyn.dynamic
+    with pytest.raises(ValueError, match="unknown recipe"):
+        load_recipe("nope")
+
+
+def test_trl_environment_exposes_the_tools_as_documented_methods():
+    cls = trl_environment()
+    search = cls.searchResources
+    sig = inspect.signature(search)
+    assert list(sig.parameters)[:2] == ["self", "resourceType"] and sig.parameters["params"].default is None
+    assert "Args:" in search.__doc__ and "resourceType:" in search.__doc__
+    assert {"reset", "finish_reward", "createResource"} <= set(dir(cls))
+
+
+def test_the_skyrl_launch_is_complete_and_parses(tmp_path):
+    recipe = load_recipe("clip-higher+dynamic")
+    script = write_launch(recipe, tmp_path / "data", tmp_path / "launch", {"trainer.epochs": "2"})
+    text = script.read_text()
+    assert text.startswith("#!/usr/bin/env bash") and "python -m fhirgym.rl.skyrl_main" in text
+    overrides = launch_overrides(recipe, tmp_path / "data", {"trainer.epochs": "2"})
+    assert overrides["trainer.epochs"] == "2" and overrides["trainer.policy.model.path"] == "Qwen/Qwen3-8B"
+    assert overrides["trainer.algorithm.eps_clip_high"] == "0.28" and overrides["environment.env_class"] == "fhirgym-action"
+    from omegaconf import OmegaConf  # what SkyRL's from_cli_overrides parses the arguments with
+
+    parsed = OmegaConf.from_dotlist([f"{k}={v}" for k, v in overrides.items()])
+    assert parsed.trainer.algorithm.dynamic_sampling.type == "filter"
+    assert parsed.generator.n_samples_per_prompt == 8 and next(iter(parsed.data.train_data)).endswith("train.parquet")
+
+
+def test_skyrl_env_class_is_a_base_text_env():
+    from skyrl_gym.envs.base_text_env import BaseTextEnv
+
+    assert issubclass(skyrl_env_class(), BaseTextEnv)
