@@ -85,9 +85,19 @@ def test_light_success_only_on_writing_tasks_with_a_light_verdict() -> None:
           ep("r1", writes=False, ok=True),                      # read-only: excluded
           ep("w4", writes=True, ok=None, light_success=None)]   # error: excluded
     out = light_success(rs)
-    assert out["n"] == 3
+    assert out["n"] == 3 and out["n_errors"] == 1
     assert out["light_mean"] == pytest.approx(200 / 3)
     assert out["strict_mean"] == pytest.approx(100 / 3)
+
+
+def test_the_nothing_found_floor_is_read_from_the_lines() -> None:
+    from fhirgym.analysis._metrics import floor_rate
+
+    rs = [ep("a", ok=True), ep("b", ok=False), ep("c", ok=None)]
+    assert floor_rate(rs) is None  # results written before the field existed
+    for r, floor in zip(rs, (True, False, True)):
+        r["floor_nothing_found"] = floor
+    assert floor_rate(rs) == pytest.approx(50.0)  # the error is left out, like in the success rate
 
 
 # ------------------------------------------------------------------ variance decomposition

@@ -111,7 +111,8 @@ def light_success(results: list[Result]) -> dict[str, Any]:
     rs = [r for r in scored(results) if r.get("writes") and r.get("light_success") is not None]
     light = rate_over_runs(rs, lambda r: 100.0 if r.get("light_success") else 0.0)
     strict = rate_over_runs(rs)
-    return {"n": len(rs), "light_mean": light["mean"], "light_sd": light["sd"],
+    errors = sum(1 for r in results if is_error(r) and r.get("writes"))
+    return {"n": len(rs), "n_errors": errors, "light_mean": light["mean"], "light_sd": light["sd"],
             "strict_mean": strict["mean"], "strict_sd": strict["sd"]}
 
 

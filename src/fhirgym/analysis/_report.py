@@ -168,8 +168,8 @@ nothing-found floor per config.</p>
 <h2 id="light">Writing tasks: light validator</h2>
 <p class="note">Scored episodes of tasks that expect a state change and have a light verdict. The light
 validator accepts the essential change without the strict validator's every field.</p>
-<table><tr><th class="l">config</th><th>episodes</th><th>strict %</th><th>light %</th></tr>
-{% for r in m.light_success %}<tr><td class="l">{{ r.label }}</td><td>{{ r.n | num }}</td>
+<table><tr><th class="l">config</th><th>episodes</th><th>errors</th><th>strict %</th><th>light %</th></tr>
+{% for r in m.light_success %}<tr><td class="l">{{ r.label }}</td><td>{{ r.n | num }}</td><td>{{ r.n_errors | num }}</td>
 <td>{{ pm(r.strict_mean, r.strict_sd) }}</td><td>{{ pm(r.light_mean, r.light_sd) }}</td></tr>
 {% endfor %}</table>
 {{ fig("light_success", "bar chart of strict vs light validator success on writing tasks") }}
@@ -540,8 +540,9 @@ def render_markdown(metrics: dict[str, Any]) -> str:
             [r["label"], r[field], r["n"], r["n_errors"], _pm(r["mean"], r["sd"]), _num(r["pooled"]),
              _num(r["floor"])] for r in m[f"success_by_{field}"]])]
     out += ["## Writing tasks: light vs strict validator\n",
-            _md_table(["config", "episodes", "strict %", "light %"],
-                      [[r["label"], r["n"], _pm(r["strict_mean"], r["strict_sd"]), _pm(r["light_mean"], r["light_sd"])]
+            _md_table(["config", "episodes", "errors", "strict %", "light %"],
+                      [[r["label"], r["n"], r["n_errors"], _pm(r["strict_mean"], r["strict_sd"]),
+                        _pm(r["light_mean"], r["light_sd"])]
                        for r in m["light_success"]]),
             "## pass@k and pass^k\n",
             _md_table(["config", "k", "variations", "pass@k %", "pass^k %"],
