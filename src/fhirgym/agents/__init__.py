@@ -7,9 +7,9 @@ embedded llama.cpp models, and a scripted backend for tests (``make_backend("loc
 """
 
 from ._agent import STOP_REASONS, Agent, AgentResult, AgentTask, clock_block, instantiate, load_class
-from ._backend import BackendError, ChatBackend, ChatResult, ContextLengthExceeded, ToolCall, make_backend
+from ._backend import BackendError, ChatBackend, ChatResult, ContextLengthExceeded, ToolCall
 from ._builtin import CommandAgent, NullAgent, ReferenceAgent
-from ._factory import DEFAULT_MODEL, make_agent, needs_model
+from ._factory import DEFAULT_MODEL, make_agent, make_backend, needs_model
 from ._react import SYSTEM_PROMPT, ReactAgent
 from ._scripted import ScriptedBackend
 from ._toolcalls import parse_tool_calls

@@ -13,8 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..agents import AgentResult, AgentTask
-from ..tasks import Instance, failure_modes_of, proximity
-from ..tasks._answer import render
+from ..tasks import Instance, failure_modes_of, proximity, render
 from ..tools import Tool, Toolbox
 
 

@@ -121,7 +121,7 @@ def run_eval(spec: EvalSpec, world: TaskWorld, progress: Callable[[dict, int, in
                 return instances[ik]
             inst = make_instance(key.task_id, key.seed, world)
             if key.paraphrase:
-                from ..tasks._paraphrase import cached_paraphrase
+                from ..tasks import cached_paraphrase
 
                 inst = cached_paraphrase(inst, key.paraphrase)
             inst.reference  # noqa: B018  (computed once here, not in parallel episodes)
