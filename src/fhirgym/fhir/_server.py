@@ -16,7 +16,7 @@ from ._core import ServerCore
 from ._errors import FhirError, Issue, operation_outcome
 from ._http import Request, Response
 from ._store import Record
-from .ops import search as _search
+from .ops import search as search_op
 
 log = logging.getLogger("fhirgym.fhir")
 
@@ -57,7 +57,7 @@ class FhirServer(ServerCore):
 
     def search(self, rtype: str, query: list[tuple[str, str]], lenient: bool = False, raw: bool = False) -> dict:
         """Search and return the searchset Bundle (first page); ``raw``: see :attr:`Request.raw`."""
-        return _search.search(self, rtype, query, lenient, raw)
+        return search_op.search(self, rtype, query, lenient, raw)
 
     def load(self, resources: list[dict], validate: bool = True, workers: int = 1) -> list[Issue]:
         """Bulk-load resources (keeping their ids) in one transaction; see :func:`._bulk.load`."""
