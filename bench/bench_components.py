@@ -19,6 +19,7 @@ from pathlib import Path
 from bench_server import bench_data
 from fhirgym.fhir import FhirServer, Store
 from fhirgym.fhir._store import create_tables, insert_records
+from fhirgym.fhir._write import local_targets, record
 from fhirgym.world import flatten_bundles
 
 
@@ -76,9 +77,9 @@ def main() -> None:
     stages = [
         ("validate", lambda: [v.validate(r) for r in res]),
         ("extract index rows", lambda: [x.extract(r) for r in res]),
-        ("reference edges", lambda: [server._local_targets(r) for r in res]),
+        ("reference edges", lambda: [local_targets(server, r) for r in res]),
         ("record (meta+extract+edges)", lambda: records.extend(
-            server._record(r["resourceType"], r["id"], 1, "PUT", dict(r), ts) for r in res)),
+            record(server, r["resourceType"], r["id"], 1, "PUT", dict(r), ts) for r in res)),
         ("SQLite inserts, tables only", insert_only),
         ("SQLite write + index rebuild", write),
         ("SQLite alone: copy in + indexes", lambda: (rows_file(), times.update(floor=timed(sqlite_alone)))),

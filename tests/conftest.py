@@ -108,3 +108,12 @@ def small_world_path():
     from fhirgym.world import build_world
 
     return build_world(seed=42, patients=10).path
+
+
+@pytest.fixture(scope="module")
+def ex():
+    """A search-index extractor over the R4 spec, one per test module (its failure counter too)."""
+    from fhirgym.fhir._extract import Extractor
+    from fhirgym.spec import load_spec
+
+    return Extractor(load_spec())

@@ -23,8 +23,8 @@ from fhirgym.agents._backend import (
     ChatResult,
     ContextLengthExceeded,
     ToolCall,
-    make_backend,
 )
+from fhirgym.agents._factory import make_backend
 from fhirgym.agents._local import LocalBackend, _to_template_message
 from fhirgym.agents._openai import OpenAIBackend, _to_openai_message
 from fhirgym.agents._scripted import ScriptedBackend, rough_tokens

@@ -15,7 +15,7 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 
 from fhirgym.fhir import FhirServer, InProcessClient, Request, ServerConfig, Store
-from fhirgym.fhir._server import http_date
+from fhirgym.fhir._http import http_date
 
 BASE = "http://localhost:8080/fhir"
 SYS = "http://example.org/mrn"
@@ -920,14 +920,14 @@ def test_bundle_header_fields_that_are_not_strings_are_400(client, server, key, 
 
 def test_a_batch_reports_every_entry_even_when_one_fails_unexpectedly(client, server, monkeypatch):
     """A bug in one entry (simulated) must not hide that the entries before it were written."""
-    real = server._dispatch
+    real = server.dispatch
 
     def flaky(req):
         if req.path == "Patient/boom":
             raise RuntimeError("simulated bug")
         return real(req)
 
-    monkeypatch.setattr(server, "_dispatch", flaky)
+    monkeypatch.setattr(server, "dispatch", flaky)
     resp = client.transaction(tx([
         {"resource": {**patient(), "id": "ok1"}, "request": {"method": "PUT", "url": "Patient/ok1"}},
         {"request": {"method": "GET", "url": "Patient/boom"}},

@@ -225,8 +225,7 @@ def tasks_show(task_id: str, seed: int, world_path: Path | None, patients: int, 
 def tasks_check(selector: str, seeds: int, no_mutations: bool, world_path: Path | None, patients: int,
                 world_seed: int) -> None:
     """Run the reference and null agents (and mutations) on every family × seed; non-zero exit on any problem."""
-    from .tasks import select
-    from .tasks._check import check
+    from .tasks import check, select
 
     world = _task_world(world_path, patients, world_seed)
     fams = select(selector)
@@ -266,8 +265,7 @@ def tasks_paraphrase(selector: str, seeds: str, count: int, model: str | None, b
                      world_path: Path | None, patients: int, world_seed: int) -> None:
     """Generate and cache paraphrased prompts (checked: every entity, date and the format survive)."""
     from .agents import DEFAULT_MODEL, make_backend
-    from .tasks import make_instance, select
-    from .tasks._paraphrase import ParaphraseUnavailable, paraphrase
+    from .tasks import ParaphraseUnavailable, make_instance, paraphrase, select
 
     model = model or DEFAULT_MODEL
     backend = make_backend(model, base_url=base_url)

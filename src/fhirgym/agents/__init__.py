@@ -7,9 +7,16 @@ embedded llama.cpp models, and a scripted backend for tests (``make_backend("loc
 """
 
 from ._agent import STOP_REASONS, Agent, AgentResult, AgentTask, clock_block, instantiate, load_class
-from ._backend import BackendError, ChatBackend, ChatResult, ContextLengthExceeded, ToolCall, make_backend
+from ._backend import BackendError, ChatBackend, ChatResult, ContextLengthExceeded, ToolCall
 from ._builtin import CommandAgent, GuessAgent, NothingFoundAgent, NullAgent, ReferenceAgent
-from ._factory import BUILTIN_AGENTS, DEFAULT_MODEL, INFRASTRUCTURE_ERRORS, make_agent, needs_model
+from ._factory import (
+    BUILTIN_AGENTS,
+    DEFAULT_MODEL,
+    INFRASTRUCTURE_ERRORS,
+    make_agent,
+    make_backend,
+    needs_model,
+)
 from ._react import SYSTEM_PROMPT, ReactAgent
 from ._scripted import ScriptedBackend
 from ._toolcalls import parse_tool_calls

@@ -68,44 +68,6 @@ class ChatBackend(Protocol):
     ) -> ChatResult: ...
 
 
-ACCEPTED_FORMS = (
-    "openai/NAME (key from OPENAI_API_KEY or api_key=; optional base_url=)",
-    "openai-compatible/NAME (base_url= or OPENAI_BASE_URL required; key optional)",
-    f"local/{LOCAL_MODELS[0]} (default local model)",
-    f"local/{LOCAL_MODELS[1]}",
-    "local/PATH.gguf (any llama.cpp GGUF file)",
-)
-
-
-def make_backend(
-    model: str, *, base_url: str | None = None, api_key: str | None = None, **options: Any
-) -> ChatBackend:
-    """Build a backend from a model string such as ``openai/gpt-4.1-mini`` or ``local/qwen2.5-coder-0.5b``.
-
-    ``options`` go to the backend's constructor (e.g. ``timeout``/``max_attempts`` for OpenAI,
-    ``n_ctx``/``n_threads`` for local models). Heavy imports happen only for the backend chosen.
-    """
-    prefix, _, rest = model.partition("/")
-    if prefix == "openai" and rest:
-        from ._openai import OpenAIBackend
-
-        return OpenAIBackend(rest, base_url=base_url, api_key=api_key, **options)
-    if prefix == "openai-compatible" and rest:
-        from ._openai import OpenAIBackend
-
-        return OpenAIBackend(rest, base_url=base_url, api_key=api_key, compatible=True, **options)
-    if prefix == "local":
-        from ._local import LocalBackend
-
-        target = rest or DEFAULT_LOCAL_MODEL
-        if target in LOCAL_MODELS or target.endswith(".gguf"):
-            return LocalBackend(target, **options)
-        raise ValueError(
-            f"unknown local model {target!r}: use one of {', '.join(LOCAL_MODELS)} or a path ending in .gguf"
-        )
-    raise ValueError(f"unknown model string {model!r}; accepted forms: " + "; ".join(ACCEPTED_FORMS))
-
-
 def local_model_label(path_or_name: str | Path) -> str:
     """Backend name of a local model: ``local/<name>`` for known models, ``local/<file stem>`` for paths."""
     text = str(path_or_name)

@@ -11,13 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING
+from typing import Any
 
+from ..tasks import Instance
 from ..tools import FHIR_TOOLS, SPEC_TOOLS, Tool
-
-if TYPE_CHECKING:
-    from ..tasks import Instance
-    from ._episode import Episode
 
 
 class UnknownConfig(KeyError):
@@ -40,7 +37,7 @@ class Config:
     description: str = ""
     system_suffix: str = ""
     prepare: Callable[[Instance], str] | None = None
-    after: Callable[[Episode], None] | None = None
+    after: Callable[[Any], None] | None = None  # gets the Episode
     labels: dict[str, str] = field(default_factory=dict)  # recorded in run.json (e.g. a memory's hash)
 
 

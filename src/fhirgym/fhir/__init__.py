@@ -13,8 +13,11 @@ about a millisecond, and ``store.reset(snapshot)`` returns it to that state.
 
 from ._asgi import create_app
 from ._client import FhirClient, HttpClient, InProcessClient, TransportError
+from ._core import ServerConfig
 from ._errors import FhirError, Issue, operation_outcome
-from ._server import FhirServer, Request, Response, ServerConfig
+from ._http import Request, Response
+from ._refs import rewrite_references
+from ._server import FhirServer
 from ._store import Record, Snapshot, Store
 
 __all__ = [
@@ -33,4 +36,5 @@ __all__ = [
     "TransportError",
     "create_app",
     "operation_outcome",
+    "rewrite_references",
 ]

@@ -19,7 +19,8 @@ from starlette.responses import Response as HttpResponse
 from starlette.routing import Route
 
 from ._errors import FhirError, Issue, operation_outcome
-from ._server import FHIR_JSON, FhirServer, Request, Response
+from ._http import FHIR_JSON, Request, Response
+from ._server import FhirServer
 
 
 def _render(resp: Response, pretty: bool = False) -> HttpResponse:

@@ -18,7 +18,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 import httpx
 import orjson
 
-from ._server import FHIR_JSON, FhirServer, Request, Response
+from ._http import FHIR_JSON, Request, Response
+from ._server import FhirServer
 from ._store import Snapshot
 
 Params = Mapping[str, str | Sequence[str]] | Sequence[tuple[str, str]] | None

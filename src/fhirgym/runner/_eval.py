@@ -174,7 +174,7 @@ def _run(spec: EvalSpec, world: TaskWorld, config, keys: list[EpisodeKey], done:
                 return instances[ik]
             inst = make_instance(key.task_id, instance_seed(spec, key.task_id, key.seed), world)
             if key.paraphrase:
-                from ..tasks._paraphrase import cached_paraphrase
+                from ..tasks import cached_paraphrase
 
                 inst = cached_paraphrase(inst, key.paraphrase)
             inst.reference  # noqa: B018  (computed once here, not in parallel episodes)

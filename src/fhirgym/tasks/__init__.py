@@ -10,7 +10,9 @@
 Agents never get a fork: they work in a :class:`fhirgym.env.Episode`.
 """
 
+from . import _builtin  # noqa: F401  (families() loads the built-in library on first use)
 from ._answer import NOT_FOUND, AnswerSpec, Field, answer_text, parse_answer, render
+from ._check import check
 from ._diff import Change, diff, mark
 from ._expect import Check, Expect, match
 from ._failure import MODES, failure_modes, failure_modes_of, proximity
@@ -33,6 +35,7 @@ from ._family import (
     register,
     select,
 )
+from ._paraphrase import ParaphraseUnavailable, cached_paraphrase, paraphrase
 
 __all__ = [
     "CATEGORIES",
@@ -49,11 +52,14 @@ __all__ = [
     "Fork",
     "Gold",
     "Instance",
+    "ParaphraseUnavailable",
     "TaskInfeasible",
     "TaskWorld",
     "Verdict",
     "View",
     "answer_text",
+    "cached_paraphrase",
+    "check",
     "diff",
     "failure_modes",
     "failure_modes_of",
@@ -63,6 +69,7 @@ __all__ = [
     "make_instance",
     "mark",
     "match",
+    "paraphrase",
     "parse_answer",
     "proximity",
     "register",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import random
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from functools import cached_property
@@ -23,8 +24,7 @@ import orjson
 
 from ..fhir import FhirServer, InProcessClient, ServerConfig, Snapshot, Store
 from ..tools import FHIR_TOOLS, Toolbox, ToolCall, ToolContext
-from ..world import DEFAULT_ANCHOR
-from ..world._build import META_KEY
+from ..world import DEFAULT_ANCHOR, META_KEY
 from ._answer import AnswerSpec, render
 from ._diff import Change, Mark, diff, mark
 from ._expect import Expect, match
@@ -195,9 +195,14 @@ def register(cls: type[Family]) -> type[Family]:
     return cls
 
 
-def families() -> list[Family]:
-    from . import library  # noqa: F401  (registers the built-in families)
+#: what registers families on first use (``_builtin`` adds the built-in library): the registry
+#: imports no family module, so family modules may import it
+LOADERS: list[Callable[[], object]] = []
 
+
+def families() -> list[Family]:
+    while LOADERS:
+        LOADERS.pop(0)()
     return sorted(_REGISTRY.values(), key=lambda f: (CATEGORIES.index(f.category), f.id))
 
 

@@ -5,9 +5,11 @@ A world is an immutable SQLite base file for the embedded server (open isolated 
 and genetics generators.
 """
 
+from ._admin import EMPLOYERS, INSURERS
 from ._build import (
     DEFAULT_ANCHOR,
     GENERATOR_VERSION,
+    META_KEY,
     ValidationReport,
     WorldBuildError,
     WorldInfo,
@@ -18,11 +20,17 @@ from ._build import (
     world_sha256,
 )
 from ._context import WorldContext
+from ._genetics import INDICATIONS, SURGERIES
 from ._synthea import repair_bundle, synthea_bundles
 
 __all__ = [
     "DEFAULT_ANCHOR",
+    "EMPLOYERS",
     "GENERATOR_VERSION",
+    "INDICATIONS",
+    "INSURERS",
+    "META_KEY",
+    "SURGERIES",
     "ValidationReport",
     "WorldBuildError",
     "WorldContext",

@@ -23,8 +23,7 @@ from pathlib import Path
 import orjson
 
 from .._gc import gc_paused
-from ..fhir import FhirError, FhirServer, Issue, ServerConfig, Snapshot, Store
-from ..fhir._refs import rewrite_references
+from ..fhir import FhirError, FhirServer, Issue, ServerConfig, Snapshot, Store, rewrite_references
 from ..spec import cache_dir, file_sha256, load_spec
 from ._context import WorldContext
 from ._synthea import repair_bundle, synthea_bundles

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from datetime import date, datetime, timedelta
 
 from ...tools import Toolbox
-from ...world._admin import EMPLOYERS, INSURERS
+from ...world import EMPLOYERS, INSURERS
 from .._answer import NOT_FOUND, AnswerSpec, Field
 from .._expect import Check, Expect, coded, custom, eq, on_day, ref, ref_key, refs_exactly
 from .._family import Family, Gold, View, register

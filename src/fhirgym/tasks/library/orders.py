@@ -16,7 +16,7 @@ from collections import Counter
 from datetime import UTC, date, datetime, timedelta
 
 from ...tools import Toolbox
-from ...world._genetics import INDICATIONS, SURGERIES
+from ...world import INDICATIONS, SURGERIES
 from .._answer import NOT_FOUND, AnswerSpec, Field, answer_text, parse_instant
 from .._expect import Check, Expect, coded, custom, eq, on_day, ref, ref_key, refs_exactly, values
 from .._family import Family, Gold, View, register

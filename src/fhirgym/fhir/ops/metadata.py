@@ -1,24 +1,33 @@
-"""The CapabilityStatement, generated from what the server implements (never written by hand).
+"""``metadata`` (``GET metadata``): the CapabilityStatement, generated from what the server
+implements (never written by hand).
 
 Resource types and search parameters come from the spec minus the extractor's explicit
-``unsupported`` table; modifiers and interactions from the search engine and the router.
+``unsupported`` table; modifiers from the search engine; the interactions are those :mod:`.._routes` serves.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import fhirgym
 
-from ._search import MODIFIERS
-
-if TYPE_CHECKING:
-    from ._server import FhirServer
+from .._core import ServerCore
+from .._errors import bad_request
+from .._http import Request, Response
+from .._search import MODIFIERS
 
 INTERACTIONS = ["read", "vread", "update", "delete", "history-instance", "history-type", "create", "search-type"]
 
 
-def capability_statement(server: FhirServer) -> dict:
+def metadata(server: ServerCore, req: Request) -> Response:
+    for key, value in req.query:
+        if key == "mode" and value != "full":
+            raise bad_request(f"metadata mode={value!r} is not supported (only 'full': a CapabilityStatement)",
+                              "not-supported", ("mode",))
+    if server.capability is None:
+        server.capability = capability_statement(server)
+    return Response(200, server.capability)
+
+
+def capability_statement(server: ServerCore) -> dict:
     spec = server.spec
     engine = server.search_engine
     resources = []

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import copy
 import logging
-from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlsplit
 
-from ._errors import FhirError, Issue, bad_request, operation_outcome
-from ._refs import rewrite_references
-
-if TYPE_CHECKING:
-    from ._server import FhirServer, Response
+from .. import _write as write
+from .._core import ServerCore
+from .._errors import FhirError, Issue, bad_request, operation_outcome
+from .._http import ID_RE, Request, Response, json_body, parse_etag
+from .._refs import rewrite_references
 
 _ORDER = {"DELETE": 0, "POST": 1, "PUT": 2, "PATCH": 2, "GET": 3, "HEAD": 3}
 _STATUS_TEXT = {200: "200 OK", 201: "201 Created", 204: "204 No Content", 404: "404 Not Found", 410: "410 Gone"}
@@ -104,9 +103,12 @@ def _check_full_urls(entries: list) -> None:
         seen[key] = n
 
 
-def process_bundle(server: FhirServer, bundle: dict) -> Response:
-    from ._server import Response
+def post(server: ServerCore, req: Request) -> Response:
+    """``POST [base]``: a batch or transaction Bundle."""
+    return process_bundle(server, json_body(req, server.config.max_body_bytes))
 
+
+def process_bundle(server: ServerCore, bundle: dict) -> Response:
     entries = _parse_entries(bundle, server.base)
     if bundle["type"] == "batch":
         return Response(200, _batch(server, entries))
@@ -124,9 +126,7 @@ def _split_url(url: str) -> tuple[str, list[str], list[tuple[str, str]]]:
     return path, segs, parse_qsl(parts.query, keep_blank_values=True)
 
 
-def _transaction(server: FhirServer, entries: list) -> dict:
-    from ._server import _parse_etag
-
+def _transaction(server: ServerCore, entries: list) -> dict:
     # 0. deletes first (the prescribed order is DELETE, POST, PUT, GET), so that the conditional creates,
     #    updates and references below see their effect; resources deleted together may reference each other
     #    (their referrers are checked on the final state, at the end: other entries may drop the references)
@@ -140,7 +140,7 @@ def _transaction(server: FhirServer, entries: list) -> dict:
                     raise bad_request(f"{key[0]}/{key[1]} is deleted by more than one entry of this transaction",
                                       "invalid")
                 if_match = entry["request"].get("ifMatch")
-                rec = server.delete(*key, _parse_etag(if_match) if if_match else None,
+                rec = write.delete(server, *key, parse_etag(if_match) if if_match else None,
                                     check_referrers=False) if key is not None else None
                 if key is not None:
                     deleted[key] = n
@@ -166,7 +166,7 @@ def _transaction(server: FhirServer, entries: list) -> dict:
                 existing = None
                 cond = entry["request"].get("ifNoneExist")
                 if cond:
-                    matches = server._conditional_match(rtype, cond)
+                    matches = write.conditional_match(server, rtype, cond)
                     if len(matches) > 1:
                         raise FhirError(412, f"ifNoneExist matched {len(matches)} resources", "duplicate")
                     existing = matches[0] if matches else None
@@ -183,7 +183,7 @@ def _transaction(server: FhirServer, entries: list) -> dict:
                                           f"({rid!r})", "invalid", ("id",))
                 elif len(segs) == 1 and query:
                     rtype = segs[0]
-                    rid = server.conditional_update_target(rtype, query, resource)[0] or server.new_id()
+                    rid = write.conditional_update_target(server, rtype, query, resource)[0] or server.new_id()
                 else:
                     raise bad_request(f"PUT url must be Type/id or Type?search, got {url!r}")
                 if not server.spec.is_resource_type(rtype):
@@ -212,7 +212,7 @@ def _transaction(server: FhirServer, entries: list) -> dict:
             return mapping[ref]
         if ref.startswith("urn:uuid:") or ref.startswith("urn:oid:"):
             raise bad_request(f"Reference {ref!r} does not match any fullUrl in this transaction", "not-found")
-        resolved = server.resolve_conditional_reference(ref)
+        resolved = write.resolve_conditional_reference(server, ref)
         if resolved is not None:
             mapping[ref] = resolved
         return resolved
@@ -246,25 +246,23 @@ def _transaction(server: FhirServer, entries: list) -> dict:
     }
 
 
-def _execute(server: FhirServer, n: int, entry: dict, method: str, url: str, resource: dict | None,
+def _execute(server: ServerCore, n: int, entry: dict, method: str, url: str, resource: dict | None,
              plan: tuple | None, pending: set) -> dict:
-    from ._server import Request, _parse_etag
-
     if method == "POST":
         _, rtype, rid, existed = plan
         if existed:
             return {"response": {"status": _status(200), "location": f"{rtype}/{rid}"}}
-        rec = server.create(rtype, resource, rid=rid, pending=pending)
+        rec = write.create(server, rtype, resource, rid=rid, pending=pending)
         return _written(server, rec, 201)
     if method == "PUT":
         _, rtype, rid, _ = plan
         body = {**resource, "id": rid}
         if_match = entry["request"].get("ifMatch")
-        rec, created = server.update(rtype, rid, body, _parse_etag(if_match) if if_match else None, pending=pending)
+        rec, created = write.update(server, rtype, rid, body, parse_etag(if_match) if if_match else None, pending=pending)
         return _written(server, rec, 201 if created else 200)
     # GET / HEAD
     path, _segs, query = _split_url(url)
-    resp = server._dispatch(Request("GET", path, query, {}))
+    resp = server.dispatch(Request("GET", path, query, {}))
     out: dict = {"response": {"status": _status(resp.status)}}
     if resp.body is not None and method == "GET":
         out["resource"] = resp.body
@@ -273,11 +271,9 @@ def _execute(server: FhirServer, n: int, entry: dict, method: str, url: str, res
     return out
 
 
-def _delete_target(server: FhirServer, url: str) -> tuple[str, str] | None:
+def _delete_target(server: ServerCore, url: str) -> tuple[str, str] | None:
     """The resource a transaction's DELETE entry names (``Type/id``) or selects (``Type?search``; None
     when nothing matches)."""
-    from ._server import ID_RE
-
     _path, segs, query = _split_url(url)
     if not segs or len(segs) > 2 or (len(segs) == 2) == bool(query):
         raise bad_request(f"DELETE url must be Type/id or Type?search, got {url!r}")
@@ -287,11 +283,11 @@ def _delete_target(server: FhirServer, url: str) -> tuple[str, str] | None:
         if not ID_RE.fullmatch(segs[1]):
             raise bad_request(f"Invalid resource id {segs[1]!r} (ids are 1-64 of A-Z a-z 0-9 - .)", "invalid")
         return segs[0], segs[1]
-    match = server.single_match(segs[0], query, "delete")
+    match = write.single_match(server, segs[0], query, "delete")
     return (segs[0], match) if match is not None else None
 
 
-def _written(server: FhirServer, rec, status: int) -> dict:
+def _written(server: ServerCore, rec, status: int) -> dict:
     return {
         "fullUrl": f"{server.base}/{rec.rtype}/{rec.id}",
         "resource": rec.body,
@@ -304,9 +300,7 @@ def _written(server: FhirServer, rec, status: int) -> dict:
     }
 
 
-def _batch(server: FhirServer, entries: list) -> dict:
-    from ._server import Request
-
+def _batch(server: ServerCore, entries: list) -> dict:
     out = []
     for n, entry, method, url, resource in entries:
         path, _segs, query = _split_url(url)
@@ -318,7 +312,7 @@ def _batch(server: FhirServer, entries: list) -> dict:
             headers["if-match"] = req_info["ifMatch"]
         try:
             with server.store.transaction():
-                resp = server._dispatch(Request(method, path, query, headers, resource))
+                resp = server.dispatch(Request(method, path, query, headers, resource))
         except FhirError as err:
             out.append({"response": {"status": str(err.status), "outcome": _entry_error(n, err).outcome()}})
             continue
@@ -343,4 +337,3 @@ def _batch(server: FhirServer, entries: list) -> dict:
     return {"resourceType": "Bundle", "type": "batch-response", "entry": out}
 
 
-__all__ = ["operation_outcome", "process_bundle"]
