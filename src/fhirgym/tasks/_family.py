@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import random
 import threading
+import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from functools import cached_property
@@ -54,10 +55,19 @@ class View:
     there (e.g. the list of practitioners) so that creating an instance stays in milliseconds.
     """
 
-    def __init__(self, world: TaskWorld, client: InProcessClient, now: datetime) -> None:
+    def __init__(self, world: TaskWorld, client: InProcessClient, now: datetime, seed: int = 0,
+                 family: str = "") -> None:
         self.world = world
         self.client = client
         self.now = now
+        self.seed = seed
+        self.family = family
+
+    def new_id(self, label: str) -> str:
+        """An id for a setup resource in the world's own form (a UUID v4), fixed by family, seed and
+        ``label``: nothing in it tells a planted target or distractor from the world's resources."""
+        bits = random.Random(f"setup-id|{self.family}|{self.seed}|{label}").getrandbits(128)
+        return str(uuid.UUID(int=bits, version=4))
 
     @property
     def anchor(self) -> date:
@@ -103,9 +113,10 @@ class TaskWorld:
         self.manifest = manifest
         self.anchor = date.fromisoformat(manifest["anchor"]) if manifest.get("anchor") else DEFAULT_ANCHOR
         self.lock = threading.Lock()
+        self._updated: datetime | None = None
         self._scratch: InProcessClient | None = None
         self._base: InProcessClient | None = None
-        self._now = datetime.now(UTC)
+        self.clock = datetime.now(UTC)  # the scratch server's clock
 
     def base_client(self) -> InProcessClient:
         """A client on the bare world, never written: what per-world caches are computed from."""
@@ -113,15 +124,25 @@ class TaskWorld:
             self._base = InProcessClient(FhirServer(self.snapshot.open(), self.spec, ServerConfig()), self.snapshot)
         return self._base
 
+    @property
+    def last_updated(self) -> datetime:
+        """The world's ``meta.lastUpdated`` (its latest): setup resources are written at this moment, so
+        neither their timestamps nor the (lastUpdated, id) search order set them apart."""
+        if self._updated is None:
+            newest = self.base_client().search("Patient", {"_sort": "-_lastUpdated", "_count": "1"}).body
+            stamp = newest["entry"][0]["resource"]["meta"]["lastUpdated"]
+            self._updated = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+        return self._updated
+
     def scratch(self, now: datetime) -> InProcessClient:
         """The world's one scratch store (reset, clock set to ``now``) where instances are prepared.
 
         Reusing it saves opening and closing a connection per instance; callers hold ``self.lock``.
         """
         if self._scratch is None:
-            server = FhirServer(self.snapshot.open(), self.spec, ServerConfig(clock=lambda: self._now))
+            server = FhirServer(self.snapshot.open(), self.spec, ServerConfig(clock=lambda: self.clock))
             self._scratch = InProcessClient(server, self.snapshot)
-        self._now = now
+        self.clock = now
         self._scratch.reset()
         return self._scratch
 
@@ -209,8 +230,12 @@ def get_family(task_id: str) -> Family:
 
 
 def frozen_now(anchor: date, rng: random.Random) -> datetime:
-    """A clock for an instance: a day from anchor-2 (Saturday) to anchor+4, any minute of the day."""
-    day = anchor + timedelta(days=rng.randint(-2, 4))
+    """A clock for an instance: a day of the anchor's week (Monday to Sunday), any minute of the day.
+
+    Never before the anchor: the world was last updated at its midnight, and no resource an agent sees
+    may have been updated after "now".
+    """
+    day = anchor + timedelta(days=rng.randint(0, 6))
     minute = rng.randrange(24 * 60)
     return datetime(day.year, day.month, day.day, minute // 60, minute % 60, tzinfo=UTC)
 
@@ -347,7 +372,7 @@ def make_instance(family: Family | str, seed: int, world: TaskWorld | str | Path
     now = frozen_now(tw.anchor, random.Random(f"now|{fam.id}|{seed}"))
     with tw.lock:
         client = tw.scratch(now)
-        view = View(tw, client, now)
+        view = View(tw, client, now, seed, fam.id)
         params = None
         for attempt in range(attempts):
             params = fam.sample(view, random.Random(f"{fam.id}|{seed}|{attempt}"))
@@ -356,10 +381,14 @@ def make_instance(family: Family | str, seed: int, world: TaskWorld | str | Path
         if params is None:
             raise TaskInfeasible(f"{fam.id}: no fitting entity for seed {seed} after {attempts} draws")
         setup = fam.setup(view, params)
-        for res in setup:
-            resp = view.client.update(res)
-            if resp.status not in (200, 201):
-                raise RuntimeError(f"{fam.id}: setup {res['resourceType']}/{res.get('id')} rejected: {resp.body}")
+        tw.clock = tw.last_updated  # setup resources carry the world's lastUpdated, never after "now"
+        try:
+            for res in setup:
+                resp = view.client.update(res)
+                if resp.status not in (200, 201):
+                    raise RuntimeError(f"{fam.id}: setup {res['resourceType']}/{res.get('id')} rejected: {resp.body}")
+        finally:
+            tw.clock = now
         gold = fam.gold(view, params)
         snapshot = client.server.store.snapshot() if setup else tw.snapshot
     return Instance(fam, seed, params, now, fam.full_prompt(params), setup, snapshot, gold, tw)

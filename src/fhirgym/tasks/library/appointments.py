@@ -25,7 +25,6 @@ and its gold reads that booking from its params.
 from __future__ import annotations
 
 import random
-import uuid
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -50,7 +49,6 @@ PATIENT_REASONS = (("pat-fb", "Patient: Feeling Better"), ("pat-lt", "Patient: L
                    ("pat-cpp", "Patient: Canceled via Patient Portal"))
 MARGIN = timedelta(hours=1)  # no booking a task hinges on lies within an hour of now
 SOON = timedelta(minutes=15)  # a free slot starting sooner than this is not clearly "still ahead"
-STAGED = uuid.UUID("5f0c2f7e-9a51-4d2e-8c1b-3a7e4b6d9c10")  # namespace of staged Appointment ids
 
 BOOKED_SHAPE = ("Record it as an Appointment with status booked that references the slot, with the "
                 "slot's start and end, and with the patient and the doctor as participants, both with "
@@ -787,7 +785,7 @@ class AddToWaitlist(Family):
             who = (_participants(patient, f"Practitioner/{params['doc_id']}", False, new=True),)
         return Gold(expects=[Expect("create", "Appointment", checks=(
             eq("status", "waitlist"), on_day("requestedPeriod.start", params["start"]),
-            on_day("requestedPeriod.end", params["end"]), ref("participant.actor", patient), *who,
+            on_day("requestedPeriod.end", params["end"]), ref("participant.actor", patient, extras=True), *who,
             _absent("slot", "start", "end")))])
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
@@ -995,7 +993,7 @@ class RescheduleNextMonday(Family):
         p = _pick_patient(w, rng, lambda p: not days & w.holding_days[p["id"]], d, view.now.date())
         if p is None:
             return None
-        return {**_patient_params(p), **_doctor_params(d), "appointment_id": str(uuid.uuid5(STAGED, old.id)),
+        return {**_patient_params(p), **_doctor_params(d), "appointment_id": view.new_id(f"appointment-{old.id}"),
                 "staged_slot": old.id, "day": old.start[:10], "monday_phrase": phrase}
 
     def setup(self, view: View, params: dict) -> list[dict]:

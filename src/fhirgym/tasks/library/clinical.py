@@ -8,7 +8,7 @@ year old, conditional potassium replacement with a next-morning lab, a specialis
 note, stopping a prescription, a new prescription, an allergy, an immunization given today and
 voiding a mis-charted observation.
 
-Labs near the frozen ``now`` are added by each instance's setup (fixed ids ``clin-…``, at most two
+Labs near the frozen ``now`` are added by each instance's setup (ids of the world's form from ``view.new_id``, at most two
 resources, since every setup write costs about a millisecond), so every branch occurs in every world;
 setups mix in the world's kinds of ambiguity (entered-in-error results with a decimal slip placed
 after the real one, older results on the other side of a threshold). Questions about the past (last
@@ -36,7 +36,7 @@ from ...tools import Toolbox
 from .._answer import NOT_FOUND, AnswerSpec, Field
 from .._expect import Check, Expect, coded, custom, eq, instant, on_day, ref, values
 from .._family import Family, Gold, View, register
-from ._common import LOINC, RXNORM, SNOMED, UCUM, human_date, official_name, pick
+from ._common import LOINC, RXNORM, SNOMED, UCUM, human_date, negative_seed, official_name, pick
 
 READ_ONLY = ("createResource", "updateResource", "deleteResource")
 MRN_SYSTEM = "http://hospital.smarthealthit.org"
@@ -313,9 +313,10 @@ def _observation(rid: str, pid: str, code: str, display: str, value: float, unit
     return obs
 
 
-def _draw_resources(prefix: str, pid: str, code: str, draws: list[list], now: datetime) -> list[dict]:
+def _draw_resources(view: View, prefix: str, pid: str, code: str, draws: list[list]) -> list[dict]:
     display, _, unit, *_ = LABS[code]
-    return [_observation(f"clin-{prefix}-{n}", pid, code, display, value, unit,
+    now = view.now
+    return [_observation(view.new_id(f"{prefix}-{n}"), pid, code, display, value, unit,
                          now - timedelta(minutes=minutes), status)
             for n, (minutes, value, status) in enumerate(draws, 1)]
 
@@ -444,7 +445,7 @@ class PatientByMrn(_Clinical):
     answer = AnswerSpec((Field("patient_id", "id", "the Patient resource id"),), none_allowed=True)
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
-        if rng.random() < 0.25:
+        if negative_seed(view):
             taken = _all_mrns(view)
             mrn = str(rng.randint(1_000_000, 9_999_999))
             return None if mrn in taken else {"mrn": mrn}
@@ -545,7 +546,7 @@ class LabLast24h(_Clinical):
         person = pick(rng, _adults(view))
         if not _quiet_since(view, person["pid"], RELATED.get(code, (code,)), view.now - timedelta(days=5)):
             return None
-        if rng.random() < 0.65:  # a result inside the window, often shadowed by a newer entered-in-error copy
+        if not negative_seed(view):  # a result inside the window, often shadowed by a newer entered-in-error copy
             recent, value = rng.randint(30, 22 * 60), _lab_value(rng, code)
             draws = [[recent, value, "final"]]
             other = rng.random()
@@ -566,7 +567,7 @@ class LabLast24h(_Clinical):
                 f"24 hours? Give the value in {unit}.")
 
     def setup(self, view: View, params: dict) -> list[dict]:
-        return _draw_resources("lab", params["pid"], params["code"], params["draws"], view.now)
+        return _draw_resources(view, "lab", params["pid"], params["code"], params["draws"])
 
     def gold(self, view: View, params: dict) -> Gold:
         rows = _all_results(view, params["pid"], params["code"], params["draws"])
@@ -651,16 +652,21 @@ class LatestGlucose(_Clinical):
                          Field("taken", "datetime", "when it was taken")), none_allowed=True)
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
-        person = pick(rng, _people(view))
+        none = negative_seed(view)  # patients without a result make the "none on file" branch
+        person = pick(rng, [p for p in _people(view) if self._untested(view, p) == none])
+        if person is None:
+            return None
         rows = _world_results(view, person["pid"], GLUCOSE)
         if not _quiet_since(view, person["pid"], GLUCOSE, view.now - timedelta(hours=2)):
             return None
         valid = [r for r in rows if r[1] in VALID and r[2] is not None]
-        if not valid and rng.random() < 0.75:
-            return None  # mostly patients with a result; those without make the "none on file" branch
         if len(valid) > 1 and valid[-1][0] == valid[-2][0]:
             return None
         return _patient_params(person, rng)
+
+    @staticmethod
+    def _untested(view: View, person: dict) -> bool:
+        return not any(r[1] in VALID and r[2] is not None for r in _world_results(view, person["pid"], GLUCOSE))
 
     def prompt(self, params: dict) -> str:
         return (f"What was the most recent glucose result (LOINC 2339-0 or 2345-7) of {_who(params)}, "
@@ -699,8 +705,9 @@ class LastHba1c(_Clinical):
         tested = view.cached("clin_a1c_tested", lambda: [
             p for p in _people(view)
             if any(r[1] in VALID for r in _world_results(view, p["pid"], ("4548-4",)))])
-        want = rng.random() < 0.7
-        person = pick(rng, tested if want and tested else _people(view))
+        want = not negative_seed(view)
+        untested = [p for p in _people(view) if p not in tested]
+        person = pick(rng, tested if want and tested else untested if not want and untested else _people(view))
         if not _quiet_since(view, person["pid"], ("4548-4",), view.now - timedelta(days=1)):
             return None
         has = person in tested
@@ -715,7 +722,7 @@ class LastHba1c(_Clinical):
         return {**_patient_params(person, rng), "draws": draws}
 
     def setup(self, view: View, params: dict) -> list[dict]:
-        return _draw_resources("a1c", params["pid"], "4548-4", params["draws"], view.now)
+        return _draw_resources(view, "a1c", params["pid"], "4548-4", params["draws"])
 
     def prompt(self, params: dict) -> str:
         return (f"What was the last hemoglobin A1c (LOINC 4548-4) of {_who(params)}, and on what date was "
@@ -1020,7 +1027,7 @@ class _Magnesium(_Clinical):
                 "mg/dL, 1 g. If it is 1.8 mg/dL or higher, do not order anything.")
 
     def setup(self, view: View, params: dict) -> list[dict]:
-        return _draw_resources("mg", params["pid"], "19123-9", params["draws"], view.now)
+        return _draw_resources(view, "mg", params["pid"], "19123-9", params["draws"])
 
     def gold(self, view: View, params: dict) -> Gold:
         rows = _all_results(view, params["pid"], "19123-9", params["draws"])
@@ -1108,7 +1115,7 @@ class _Hba1c(_Clinical):
                 "the past year, do not order anything.")
 
     def setup(self, view: View, params: dict) -> list[dict]:
-        return _draw_resources("a1c", params["pid"], "4548-4", params["draws"], view.now)
+        return _draw_resources(view, "a1c", params["pid"], "4548-4", params["draws"])
 
     def gold(self, view: View, params: dict) -> Gold:
         latest = _latest_valid(_all_results(view, params["pid"], "4548-4", params["draws"]), view.now)
@@ -1197,7 +1204,7 @@ class PotassiumReplacement(_Clinical):
                 "tomorrow at 08:00 UTC.")
 
     def setup(self, view: View, params: dict) -> list[dict]:
-        return _draw_resources("k", params["pid"], "2823-3", params["draws"], view.now)
+        return _draw_resources(view, "k", params["pid"], "2823-3", params["draws"])
 
     @staticmethod
     def dose(value: float) -> int:
@@ -1357,7 +1364,7 @@ class StopMedication(_Clinical):
                 break
         assert target is not None
         key = {"resourceType": "MedicationRequest", "resourceId": target["id"]}
-        body = {k: v for k, v in tools.call("getResourceById", key).output.items() if k != "meta"}
+        body = dict(tools.call("getResourceById", key).output)  # meta too: tags, labels and profiles are kept
         body["status"] = "stopped"
         tools.call("updateResource", {**key, "body": body})
         return "Stopped the prescription."
@@ -1589,12 +1596,12 @@ class VoidObservation(_Clinical):
 
     def setup(self, view: View, params: dict) -> list[dict]:
         code, display, _, unit, *_ = VOIDABLE[params["vital"]]
-        return [_observation(f"clin-vital-{i}", params["pid"], code, display, value, unit, _ts(at),
+        return [_observation(view.new_id(f"vital-{i}"), params["pid"], code, display, value, unit, _ts(at),
                              category="vital-signs")
                 for i, (at, value) in enumerate(params["readings"], 1)]
 
     def gold(self, view: View, params: dict) -> Gold:
-        target = f"clin-vital-{params['wrong'] + 1}"
+        target = view.new_id(f"vital-{params['wrong'] + 1}")
         assert view.read("Observation", target) is not None
         return Gold(expects=[Expect("update", "Observation", id=target,
                                     checks=(eq("status", "entered-in-error"), _may_change("note")))])
@@ -1608,7 +1615,7 @@ class VoidObservation(_Clinical):
         found = _search(tools, "Observation", query)
         target = next(o for o in found if _ts(o["effectiveDateTime"]) == _ts(at)
                       and o["valueQuantity"]["value"] == value)
-        body = {k: v for k, v in target.items() if k != "meta"}
+        body = dict(target)  # meta too: tags, labels and profiles are kept
         body["status"] = "entered-in-error"
         tools.call("updateResource",
                    {"resourceType": "Observation", "resourceId": target["id"], "body": body})

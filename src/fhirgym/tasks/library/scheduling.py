@@ -23,7 +23,7 @@ from datetime import UTC, date, datetime, timedelta
 from ...tools import Toolbox
 from .._answer import NOT_FOUND, AnswerSpec, Field, answer_text
 from .._family import Family, Gold, View, register
-from ._common import full_name, human_date
+from ._common import full_name, human_date, negative_seed
 
 READ_ONLY = ("createResource", "updateResource", "deleteResource")
 HOLDING = frozenset({"booked", "arrived", "fulfilled", "noshow", "checked-in"})
@@ -747,11 +747,15 @@ class WeekdayMorningSlots(Family):
 
 
 def _booking_params(view: View, rng: random.Random, f: _Facts, by_clinic: bool) -> dict | None:
-    """A future appointment time of one doctor (or one specialty at one clinic): usually a booked one, sometimes
-    a cancelled one whose slot nobody holds now (answer: nothing found)."""
+    """A future appointment time of one doctor (or one specialty at one clinic): usually a booked one, on
+    negative seeds a time nobody holds (answer: nothing found): a cancelled booking's, else a free slot's."""
     future = [a for a in f.appts if a.start > view.now and a.practitioner]
-    cancelled = rng.random() < 0.25
+    cancelled = negative_seed(view)
     pool = [a for a in future if (a.status == "cancelled") == cancelled and (cancelled or a.status in HOLDING)]
+    if cancelled and (not pool or rng.random() < 0.5):
+        doc = rng.choice(f.docs)
+        free = [s for s in f.slots.get(doc.schedule, []) if s.status == "free" and s.start > view.now]
+        pool = [_Appt("", "free", s.start, "", doc.pid, doc.location, doc.specialty) for s in free[:200]]
     if not pool:
         return None
     appt = rng.choice(pool)
