@@ -28,3 +28,53 @@ def test_reference_passes_null_fails_mutations_rejected(family, small_world_path
     problems = [f"seed {r.seed}: {p}" for r in rows for p in r.problems]
     assert not problems, "\n".join(problems)
     assert all(r.reference_strict and not r.null_strict for r in rows)
+
+
+# -- issue 16: determinism, answers that cannot be guessed ------------------------------------------------
+
+#: sha256 of every family × seeds 0–19 instance (prompt, clock, params, setup resources, gold) of the
+#: 10-patient test world, keyed by that world file's sha256. It moves whenever a family's sampling, prompt,
+#: setup or gold does: re-record it deliberately (``instances_sha256`` prints it).
+INSTANCES_SHA256 = {
+    "1ac0fe133e694c9f77afc051504903b2882d99dc42d4cbc2576d7eb948a507e9":
+        "9f68a7443358cbf37a89dc6b094cec0e420887b911df0531cc9f5162ce69b303",
+}
+
+
+def test_every_instance_dumps_byte_identical_as_recorded(small_world_path):
+    from fhirgym.tasks._check import instances_sha256
+    from fhirgym.world import world_sha256
+
+    world = TaskWorld.open(small_world_path)
+    recorded = INSTANCES_SHA256.get(world_sha256(small_world_path))
+    assert recorded is not None, f"no instances hash recorded for the world {world_sha256(small_world_path)}"
+    assert instances_sha256(families(), range(20), world) == recorded
+    world.cache.clear()  # cold per-world caches, other families first: the same bytes again
+    instances_sha256(families()[::-1][:20], range(5), world)
+    assert instances_sha256(families(), range(20), world) == recorded
+
+
+@pytest.fixture(scope="module")
+def surveyed(small_world_path):
+    """Every family × 20 seeds: the gold, whether it is "nothing found", the constant reply's verdict."""
+    from fhirgym.tasks._check import figures, survey_rows
+
+    rows = survey_rows(families(), range(20), TaskWorld.open(small_world_path))
+    return figures(rows, families())
+
+
+def test_the_constant_nothing_found_reply_is_never_free(surveyed):
+    """No family is all-negative, each one offering "nothing found" draws both kinds on ≥ 30 % of 20 seeds,
+    and the constant "nothing found" reply (no tool call) scores ≤ 5 % strict over the library."""
+    per_family, problems = surveyed
+    assert not [p for p in problems if "gold on" not in p], problems
+    assert sum(f.constant for f in per_family) <= 0.05 * sum(f.seeds for f in per_family)
+    offering = [f for f in per_family if f.none_allowed]
+    assert len(offering) >= 5 and all(6 <= f.negative <= 14 for f in offering)
+    assert all(f.negative == 0 for f in per_family if not f.none_allowed)
+
+
+def test_no_gold_dominates_a_family(surveyed):
+    """Apart from "nothing found", no gold (answer or expected change, ids included) on > 25 % of 20 seeds."""
+    _, problems = surveyed
+    assert not [p for p in problems if "gold on" in p], problems
