@@ -254,10 +254,12 @@ def tasks_check(selector: str, seeds: int, no_mutations: bool, table: bool, worl
     constant = sum(r.nothing_found_passes for r in rows)
     per_family, library_problems = figures(rows, fams)
     if table:
-        click.echo(f"{'family':44} {'seeds':>5} {'none?':>5} {'negative':>8} {'constant':>8} {'top gold':>8}")
+        click.echo(f"{'family':44} {'seeds':>5} {'none?':>5} {'negative':>8} {'constant':>8} {'top gold':>8} "
+                   f"{'distractor first':>16}")
         for f in per_family:
+            bite = f"{f.first_hit}/{f.distracted}" if f.distracted else "-"
             click.echo(f"{f.task_id:44} {f.seeds:5} {'yes' if f.none_allowed else '':>5} {f.negative:8} "
-                       f"{f.constant:8} {f.top_gold:8}")
+                       f"{f.constant:8} {f.top_gold:8} {bite:>16}")
     for problem in library_problems:
         click.echo(f"PROBLEM {problem}", err=True)
     click.echo(f"{len(fams)} families × {seeds} seeds = {n} instances")

@@ -20,7 +20,7 @@ import orjson
 
 from ._answer import NOT_FOUND, answer_text, render
 from ._failure import failure_modes_of
-from ._family import Family, Instance, TaskWorld, families, make_instance
+from ._family import Family, Instance, TaskWorld, View, families, make_instance
 from ._mutate import EQUIVALENTS, MUTATIONS, run_mutation
 
 MIN_MUTATIONS = 3
@@ -30,8 +30,10 @@ REQUIRED_MUTATIONS = (("wrong_target",), ("drop_field", "wrong_value"), ("extra_
 NEGATIVE_MIN = 0.3
 #: the constant "nothing found" reply passes at most this share of the library,
 CONSTANT_MAX = 0.05
-#: and no gold value (but "nothing found") is the gold of more than this share of a family's seeds.
+#: no gold value (but "nothing found") is the gold of more than this share of a family's seeds,
 GOLD_MAX = 0.25
+#: and where a family plants distractors, the first hit of a plain search is one in at least this share.
+DISTRACTOR_MIN = 0.5
 #: The constant agent's reply: the structured "nothing found" answer, after no tool call at all.
 NOTHING_FOUND_REPLY = answer_text(NOT_FOUND)
 
@@ -52,6 +54,7 @@ class CheckRow:
     nothing_found_passes: bool = False  # the constant "nothing found" reply passes strict
     negative: bool = False  # the gold answer is "nothing found"
     gold_key: str = ""  # the gold (answer and expected changes) as one comparable string
+    first_hit_distractor: bool | None = None  # Family.distractor_probe on the pre-run state
     problems: list[str] = field(default_factory=list)
     ms: float = 0.0
 
@@ -123,6 +126,8 @@ def survey(inst: Instance, row: CheckRow) -> CheckRow:
     """Fill in the gold-side figures of a row: the constant agent's verdict, negative or not, the gold."""
     with inst.open() as ep:
         row.nothing_found_passes = ep.finish(NOTHING_FOUND_REPLY).success
+        view = View(inst.world, ep.client, inst.now, inst.seed, inst.family.id)
+        row.first_hit_distractor = inst.family.distractor_probe(view, inst.params)
     row.negative = inst.gold.answer is NOT_FOUND
     row.gold_key = gold_key(inst)
     return row
@@ -167,6 +172,8 @@ class FamilyFigures:
     negative: int  # instances whose answer is "nothing found"
     constant: int  # instances the constant "nothing found" reply passes
     top_gold: int  # instances sharing the most frequent gold other than "nothing found"
+    distracted: int  # instances with a distractor (Family.distractor_probe not None)
+    first_hit: int  # of those, instances where the plain search's first hit is a distractor
     problems: list[str] = field(default_factory=list)
 
 
@@ -179,8 +186,10 @@ def figures(rows: list[CheckRow], fams: Iterable[Family]) -> tuple[list[FamilyFi
         fam = by_id[task_id]
         none_allowed = bool(fam.answer and fam.answer.none_allowed)
         golds = Counter(r.gold_key for r in mine if not r.negative)
+        probes = [r.first_hit_distractor for r in mine if r.first_hit_distractor is not None]
         fig = FamilyFigures(task_id, len(mine), none_allowed, sum(r.negative for r in mine),
-                            sum(r.nothing_found_passes for r in mine), max(golds.values(), default=0))
+                            sum(r.nothing_found_passes for r in mine), max(golds.values(), default=0),
+                            len(probes), sum(probes))
         n = fig.seeds
         if fig.negative == n:
             fig.problems.append("every instance is 'nothing found'")
@@ -188,6 +197,9 @@ def figures(rows: list[CheckRow], fams: Iterable[Family]) -> tuple[list[FamilyFi
             fig.problems.append(f"'nothing found' on {fig.negative}/{n} seeds (each kind needs ≥ {NEGATIVE_MIN:.0%})")
         if n >= 10 and fig.top_gold > GOLD_MAX * n:
             fig.problems.append(f"one gold on {fig.top_gold}/{n} seeds (at most {GOLD_MAX:.0%})")
+        if fig.distracted and fig.first_hit < DISTRACTOR_MIN * fig.distracted:
+            fig.problems.append(f"the first hit is a distractor on {fig.first_hit}/{fig.distracted} seeds "
+                                f"(at least {DISTRACTOR_MIN:.0%})")
         out.append(fig)
     problems = [f"{f.task_id}: {p}" for f in out for p in f.problems]
     total, passed = sum(f.seeds for f in out), sum(f.constant for f in out)

@@ -188,6 +188,12 @@ class Family:
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         raise NotImplementedError
 
+    def distractor_probe(self, view: View, params: dict) -> bool | None:
+        """Families that plant distractors say, on the pre-run state, whether the first hit of the plain
+        search an agent starts with is one (None: this instance has no distractor). Issue 16 wants it so in
+        at least half of the instances that have one: a first-hit agent must not pass by luck."""
+        return None
+
     # -- helpers ---------------------------------------------------------------------------------
     def full_prompt(self, params: dict) -> str:
         text = self.prompt(params).strip()

@@ -89,6 +89,16 @@ class EitherWay(Family):
         raise NotImplementedError
 
 
+def deal(view: View, items: list):
+    """The item of this seed from a shuffle of its own to the family: consecutive seeds take ``items`` in
+    turn, so over 20 seeds none is drawn more than ⌈20/len⌉ times (the gold varies as far as the world lets
+    it). ``items`` must all fit: the framework's redraws would deal the same one again."""
+    if not items:
+        return None
+    order = sorted(range(len(items)), key=lambda i: hashlib.sha256(f"{view.family}|{i}".encode()).digest())
+    return items[order[view.seed % len(items)]]
+
+
 def pick(rng: random.Random, items: list):
     return items[rng.randrange(len(items))] if items else None
 

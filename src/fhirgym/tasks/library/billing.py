@@ -17,7 +17,7 @@ from ...world._admin import EMPLOYERS, INSURERS
 from .._answer import NOT_FOUND, AnswerSpec, Field
 from .._expect import Check, Expect, coded, custom, eq, on_day, ref, ref_key, refs_exactly
 from .._family import Family, Gold, View, register
-from ._common import EitherWay, full_name, human_date, living_patients, official_name, pick
+from ._common import EitherWay, deal, full_name, human_date, living_patients, official_name, pick
 from .records import (
     READ_ONLY,
     ROLE_CODE,
@@ -298,10 +298,9 @@ class FindCoverage(Family):
     answer = COVERAGE_ANSWER
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
-        tricky = candidates(view, "one_primary_among_others", lambda v, q: _one_primary(v, q) and len(
-            billing_facts(v)["coverage"][q["id"]]) > 1)  # cancelled, entered-in-error or secondary beside it
-        p = pick(rng, tricky) if tricky and rng.random() < 0.5 else pick(rng, candidates(view, "one_primary",
-                                                                                         _one_primary))
+        # dealt by seed among every patient with one primary coverage (many with cancelled, entered-in-error
+        # or secondary ones beside it), so no patient's coverage is the gold of many seeds
+        p = deal(view, candidates(view, "one_primary", _one_primary))
         if p is None:
             return None
         return {"patient_id": p["id"], "name": full_name(p), "birth_date": p["birthDate"], "gender": p.get("gender"),
@@ -683,12 +682,11 @@ class FindGuarantor(Family):
     answer = GUARANTOR_ANSWER
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
-        p = pick(rng, _account_holders(view))
+        p = deal(view, view.cached("billing.one_guarantor", lambda: [
+            q for q in _account_holders(view) if len((_only_account(view, q) or {}).get("guarantor", [None, None])) == 1]))
         if p is None:
             return None
         account = _only_account(view, p)
-        if account is None or len(account.get("guarantor", [])) != 1:
-            return None
         return {"patient_id": p["id"], "name": full_name(p), "birth_date": p["birthDate"], "gender": p.get("gender"),
                 "party": ref_key(account["guarantor"][0].get("party"))}
 

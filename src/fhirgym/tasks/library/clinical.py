@@ -36,7 +36,7 @@ from ...tools import Toolbox
 from .._answer import NOT_FOUND, AnswerSpec, Field
 from .._expect import Check, Expect, coded, custom, eq, instant, on_day, ref, values
 from .._family import Family, Gold, View, register
-from ._common import LOINC, RXNORM, SNOMED, UCUM, human_date, negative_seed, official_name, pick
+from ._common import LOINC, RXNORM, SNOMED, UCUM, deal, human_date, negative_seed, official_name, pick
 
 READ_ONLY = ("createResource", "updateResource", "deleteResource")
 MRN_SYSTEM = "http://hospital.smarthealthit.org"
@@ -321,6 +321,16 @@ def _draw_resources(view: View, prefix: str, pid: str, code: str, draws: list[li
             for n, (minutes, value, status) in enumerate(draws, 1)]
 
 
+def _voided_first(view: View, pid: str, codes: tuple[str, ...]) -> bool | None:
+    """The distractor probe of the lab questions: None when no entered-in-error copy of these labs is on the
+    chart, else whether the newest result (the first hit of ``Observation?patient&code&_sort=-date``) is one."""
+    hits = view.search("Observation", {"patient": f"Patient/{pid}", "code": ",".join(f"{LOINC}|{c}" for c in codes),
+                                       "_sort": "-date", "_elements": "status"})
+    if not any(o.get("status") == "entered-in-error" for o in hits):
+        return None
+    return hits[0].get("status") == "entered-in-error"
+
+
 def _all_results(view: View, pid: str, code: str, draws: list[list]) -> list[tuple]:
     """(effective, status, value) of the pre-run state: the world's results plus the setup's, oldest first."""
     rows = [(r[0], r[1], r[2]) for r in _world_results(view, pid, (code,)) if r[3] == code]
@@ -574,6 +584,9 @@ class LabLast24h(_Clinical):
         latest = _latest_valid(rows, view.now, since=view.now - timedelta(hours=24))
         return Gold(answer={"value": latest[2]} if latest else NOT_FOUND)
 
+    def distractor_probe(self, view: View, params: dict) -> bool | None:
+        return _voided_first(view, params["pid"], (params["code"],))
+
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
         found = [o for o in _results(tools, pid, params["code"], since=now - timedelta(hours=24))
@@ -677,6 +690,9 @@ class LatestGlucose(_Clinical):
         latest = _latest_valid(rows, view.now)
         return Gold(answer={"value": latest[2], "taken": latest[0]} if latest else NOT_FOUND)
 
+    def distractor_probe(self, view: View, params: dict) -> bool | None:
+        return _voided_first(view, params["pid"], GLUCOSE)
+
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
         found = [o for o in _results(tools, pid, ",".join(GLUCOSE), newest=True)
@@ -731,6 +747,9 @@ class LastHba1c(_Clinical):
     def gold(self, view: View, params: dict) -> Gold:
         latest = _latest_valid(_all_results(view, params["pid"], "4548-4", params["draws"]), view.now)
         return Gold(answer={"value": latest[2], "date": latest[0].date()} if latest else NOT_FOUND)
+
+    def distractor_probe(self, view: View, params: dict) -> bool | None:
+        return _voided_first(view, params["pid"], ("4548-4",))
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
@@ -1045,6 +1064,9 @@ class _Magnesium(_Clinical):
                 coded("dosageInstruction.route", SNOMED, IV_ROUTE[0]))))
         return Gold(answer={"magnesium": latest[2], "ordered": low}, expects=expects)
 
+    def distractor_probe(self, view: View, params: dict) -> bool | None:
+        return _voided_first(view, params["pid"], ("19123-9",))
+
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
         found = [o for o in _results(tools, pid, "19123-9", since=now - timedelta(hours=24))
@@ -1128,6 +1150,9 @@ class _Hba1c(_Clinical):
                 ref("subject", f"Patient/{params['pid']}"), coded("code", LOINC, "4548-4"),
                 eq("status", "active"), eq("intent", "order"), eq("priority", "routine"))))
         return Gold(answer={"hba1c": latest[2], "date": latest[0].date(), "ordered": due}, expects=expects)
+
+    def distractor_probe(self, view: View, params: dict) -> bool | None:
+        return _voided_first(view, params["pid"], ("4548-4",))
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
@@ -1232,6 +1257,9 @@ class PotassiumReplacement(_Clinical):
                 coded("dosageInstruction.route", SNOMED, ORAL_ROUTE[0]))))
         return Gold(answer={"potassium": latest[2], "replacement_ordered": low}, expects=expects)
 
+    def distractor_probe(self, view: View, params: dict) -> bool | None:
+        return _voided_first(view, params["pid"], ("2823-3",))
+
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
         latest = next(o for o in _results(tools, pid, "2823-3", newest=True)
@@ -1322,7 +1350,15 @@ class StopMedication(_Clinical):
     sequences = (("searchResources", "searchResources", "updateResource"),)
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
-        person = pick(rng, _people(view))
+        fits = [(p, r) for p in _people(view) for r in self._stoppable(view, p)]
+        person, chosen = deal(view, fits) or (None, None)  # dealt by seed: the gold varies across seeds
+        if chosen is None:
+            return None
+        return {**_patient_params(person, rng), "request": chosen["id"], "drug": chosen["display"]}
+
+    @staticmethod
+    def _stoppable(view: View, person: dict) -> list[dict]:
+        """Active prescriptions older than a day whose drug has one active order and one name."""
         requests = _med_requests(view).get(person["pid"], [])
         active = [r for r in requests if r["status"] == "active" and r["authored"]
                   and _ts(r["authored"]) < view.now - timedelta(days=1)]
@@ -1334,10 +1370,7 @@ class StopMedication(_Clinical):
             names[r["display"].lower()].add(r["code"])
         single = [rs[0] for rs in by_code.values()
                   if len(rs) == 1 and len(names[rs[0]["display"].lower()]) == 1]
-        chosen = pick(rng, sorted(single, key=lambda r: r["id"]))
-        if chosen is None:
-            return None
-        return {**_patient_params(person, rng), "request": chosen["id"], "drug": chosen["display"]}
+        return sorted(single, key=lambda r: r["id"])
 
     def prompt(self, params: dict) -> str:
         return (f"{_cap(_who(params))} has to stop taking {params['drug']}. Please discontinue that active "
