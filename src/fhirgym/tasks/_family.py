@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-from ..fhir import FhirServer, InProcessClient, ServerConfig, Snapshot, Store
+from ..fhir import FhirError, FhirServer, InProcessClient, ServerConfig, Snapshot, Store
 from ..tools import FHIR_TOOLS, Toolbox, ToolCall, ToolContext
 from ..world import DEFAULT_ANCHOR
 from ..world._build import META_KEY
@@ -62,6 +62,7 @@ class View:
         self.now = now
         self.seed = seed
         self.family = family
+        self.attempt = 0  # the framework's redraw of this seed (sample returned None before)
 
     def new_id(self, label: str) -> str:
         """An id for a setup resource in the world's own form (a UUID v4), fixed by family, seed and
@@ -137,11 +138,13 @@ class TaskWorld:
     def scratch(self, now: datetime) -> InProcessClient:
         """The world's one scratch store (reset, clock set to ``now``) where instances are prepared.
 
-        Reusing it saves opening and closing a connection per instance; callers hold ``self.lock``.
+        Reusing the store saves opening and closing a connection per instance; the server (microseconds) is
+        new, so its timestamps start from the clock and never from an earlier instance's writes. Callers
+        hold ``self.lock``.
         """
-        if self._scratch is None:
-            server = FhirServer(self.snapshot.open(), self.spec, ServerConfig(clock=lambda: self.clock))
-            self._scratch = InProcessClient(server, self.snapshot)
+        store = self._scratch.server.store if self._scratch is not None else self.snapshot.open()
+        self._scratch = InProcessClient(FhirServer(store, self.spec, ServerConfig(clock=lambda: self.clock)),
+                                        self.snapshot)
         self.clock = now
         self._scratch.reset()
         return self._scratch
@@ -159,7 +162,7 @@ class Family:
     """Base class of task families; subclasses set the class attributes and implement the hooks.
 
     Hooks: :meth:`sample` (params from the world, None if this draw does not fit), :meth:`prompt`,
-    :meth:`setup` (resources to add, with fixed ids), :meth:`gold` (answer + expected changes, from the
+    :meth:`setup` (resources to add, ids from ``view.new_id``), :meth:`gold` (answer + expected changes, from the
     pre-run state), :meth:`solve` (the reference solution, through the tools; returns the final text).
     """
 
@@ -381,20 +384,24 @@ def make_instance(family: Family | str, seed: int, world: TaskWorld | str | Path
         view = View(tw, client, now, seed, fam.id)
         params = None
         for attempt in range(attempts):
+            view.attempt = attempt
             params = fam.sample(view, random.Random(f"{fam.id}|{seed}|{attempt}"))
             if params is not None:
                 break
         if params is None:
             raise TaskInfeasible(f"{fam.id}: no fitting entity for seed {seed} after {attempts} draws")
         setup = fam.setup(view, params)
-        tw.clock = tw.last_updated  # setup resources carry the world's lastUpdated, never after "now"
+        # one load, at the world's lastUpdated (never after "now"): every setup resource gets exactly the
+        # world's timestamp, which neither _lastUpdated nor the default (lastUpdated, id) order tells apart
+        tw.clock = tw.last_updated
         try:
-            for res in setup:
-                resp = view.client.update(res)
-                if resp.status not in (200, 201):
-                    raise RuntimeError(f"{fam.id}: setup {res['resourceType']}/{res.get('id')} rejected: {resp.body}")
+            dangling = client.server.load(setup) if setup else []
+        except FhirError as err:
+            raise RuntimeError(f"{fam.id}: setup rejected: {err}") from err
         finally:
             tw.clock = now
+        if dangling:
+            raise RuntimeError(f"{fam.id}: setup references missing resources: {[i.diagnostics for i in dangling]}")
         gold = fam.gold(view, params)
         snapshot = client.server.store.snapshot() if setup else tw.snapshot
     return Instance(fam, seed, params, now, fam.full_prompt(params), setup, snapshot, gold, tw)

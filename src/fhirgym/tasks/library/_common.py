@@ -92,11 +92,19 @@ class EitherWay(Family):
 def deal(view: View, items: list):
     """The item of this seed from a shuffle of its own to the family: consecutive seeds take ``items`` in
     turn, so over 20 seeds none is drawn more than ⌈20/len⌉ times (the gold varies as far as the world lets
-    it). ``items`` must all fit: the framework's redraws would deal the same one again."""
+    it). A redraw (the sample did not fit) moves on to the next item."""
     if not items:
         return None
     order = sorted(range(len(items)), key=lambda i: hashlib.sha256(f"{view.family}|{i}".encode()).digest())
-    return items[order[view.seed % len(items)]]
+    return items[order[(view.seed + view.attempt) % len(items)]]
+
+
+def deal_by_gold(view: View, rng: random.Random, candidates: list[tuple]):
+    """For answers that many candidates share (counts): deal the distinct golds by seed (:func:`deal`), then
+    draw a candidate with that gold. ``candidates`` are (gold, item) pairs; returns the item."""
+    golds = sorted({g for g, _ in candidates})
+    gold = deal(view, golds)
+    return pick(rng, [item for g, item in candidates if g == gold])
 
 
 def pick(rng: random.Random, items: list):

@@ -36,7 +36,18 @@ from ...tools import Toolbox
 from .._answer import NOT_FOUND, AnswerSpec, Field
 from .._expect import Check, Expect, coded, custom, eq, instant, on_day, ref, values
 from .._family import Family, Gold, View, register
-from ._common import LOINC, RXNORM, SNOMED, UCUM, deal, human_date, negative_seed, official_name, pick
+from ._common import (
+    LOINC,
+    RXNORM,
+    SNOMED,
+    UCUM,
+    deal,
+    deal_by_gold,
+    human_date,
+    negative_seed,
+    official_name,
+    pick,
+)
 
 READ_ONLY = ("createResource", "updateResource", "deleteResource")
 MRN_SYSTEM = "http://hospital.smarthealthit.org"
@@ -774,13 +785,13 @@ class ActiveMedicationCount(_Clinical):
     answer = AnswerSpec((Field("count", "int", "how many distinct drugs (RxNorm codes)"),))
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
-        person = pick(rng, _people(view))
-        requests = _med_requests(view).get(person["pid"], [])
-        if any(_ts(r["authored"]) > view.now - timedelta(days=1) for r in requests if r["authored"]):
-            return None
-        if not any(r["status"] == "active" for r in requests) and rng.random() < 0.8:
-            return None
-        return _patient_params(person, rng)
+        candidates = []  # (count, person): the counts are dealt by seed, so no count is the gold of many seeds
+        for person in _people(view):
+            requests = _med_requests(view).get(person["pid"], [])
+            if not any(_ts(r["authored"]) > view.now - timedelta(days=1) for r in requests if r["authored"]):
+                candidates.append((len({r["code"] for r in requests if r["status"] == "active"}), person))
+        person = deal_by_gold(view, rng, candidates)
+        return None if person is None else _patient_params(person, rng)
 
     def prompt(self, params: dict) -> str:
         return (f"How many different drugs does {_who(params)} currently have an active prescription for? "

@@ -23,7 +23,7 @@ from datetime import UTC, date, datetime, timedelta
 from ...tools import Toolbox
 from .._answer import NOT_FOUND, AnswerSpec, Field, answer_text
 from .._family import Family, Gold, View, register
-from ._common import full_name, human_date, negative_seed
+from ._common import deal, deal_by_gold, full_name, human_date, negative_seed
 
 READ_ONLY = ("createResource", "updateResource", "deleteResource")
 HOLDING = frozenset({"booked", "arrived", "fulfilled", "noshow", "checked-in"})
@@ -537,12 +537,14 @@ class CountUrgentSlots(Family):
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         f = _facts(view)
-        days = rng.choice((2, 3, 4, 5, 7))
-        specialty = rng.choice([None, None, *sorted({d.spec for d in f.docs})])
-        urgent = _urgent(f, view.now, _midnight(view.now.date() + timedelta(days=days + 1)), specialty)
-        if not urgent:
-            return None
-        return {"specialty": specialty, "days": days, "time": rng.choice(urgent).start.strftime("%H:%M")}
+        candidates = []  # (count, params): the counts are dealt by seed, so no count is the gold of many seeds
+        for days in (2, 3, 4, 5, 7):
+            for specialty in [None, *sorted({d.spec for d in f.docs})]:
+                urgent = _urgent(f, view.now, _midnight(view.now.date() + timedelta(days=days + 1)), specialty)
+                for time in sorted({s.start.strftime("%H:%M") for s in urgent}):
+                    count = sum(1 for s in urgent if s.start.strftime("%H:%M") == time)
+                    candidates.append((count, {"specialty": specialty, "days": days, "time": time}))
+        return deal_by_gold(view, rng, candidates)
 
     def prompt(self, params: dict) -> str:
         scope = f"{params['specialty']} " if params["specialty"] else ""
@@ -758,7 +760,7 @@ def _booking_params(view: View, rng: random.Random, f: _Facts, by_clinic: bool) 
         pool = [_Appt("", "free", s.start, "", doc.pid, doc.location, doc.specialty) for s in free[:200]]
     if not pool:
         return None
-    appt = rng.choice(pool)
+    appt = deal(view, pool)  # by seed: no booking is the gold of many seeds
     docs = [d for d in f.docs if d.pid == appt.practitioner and d.location == appt.location]
     if len(docs) != 1:
         return None
