@@ -23,7 +23,8 @@ from fhirgym.tasks import (
     proximity,
     select,
 )
-from fhirgym.tasks._expect import coded, eq, instant, ref, refs_exactly, values
+from fhirgym.tasks._diff import fhir_equal
+from fhirgym.tasks._expect import coded, eq, instant, on_day, one_of, ref, refs_exactly, values
 
 SPEC = AnswerSpec((Field("slot_id", "id"), Field("start", "datetime")), none_allowed=True)
 
@@ -61,6 +62,66 @@ def test_no_answer_is_not_the_nothing_found_answer(text):
     assert SPEC.compare(SPEC.parse(text), NOT_FOUND) == ["expected the 'nothing found' answer"]
 
 
+@pytest.mark.parametrize(("field", "text", "gold"), [
+    (Field("hba1c", "number"), '{"hba1c": "7.0 %"}', 7.0),
+    (Field("hba1c", "number"), '{"hba1c": "HbA1c 7.0%"}', 7.0),
+    (Field("hba1c", "number"), '{"hba1c": {"value": 7.0, "unit": "%"}}', 7.0),
+    (Field("slots", "int"), '{"slots": "39 slots"}', 39),
+    (Field("slots", "int"), '{"slots": "1,204 slots"}', 1204),
+    (Field("slots", "int"), '{"slots": [39]}', 39),
+    (Field("patient_id", "id"), '{"patient_id": {"reference": "Patient/a"}}', "a"),
+    (Field("patient_id", "id"), '{"patient_id": {"resourceType": "Patient", "id": "a"}}', "a"),
+    (Field("patient_id", "id"), '{"patient_id": ["Patient/a"]}', "a"),
+    (Field("patient_id", "id"), '{"patient_id": "http://x/fhir/Patient/a/_history/3"}', "a"),
+    (Field("name", "text"), '{"name": ["Aetna"]}', "Aetna"),
+    (Field("day", "date"), '{"day": ["2025-06-09"]}', date(2025, 6, 9)),
+    (Field("at", "datetime"), '{"at": "2025-06-09T10:00:00+00:00"}', "2025-06-09T10:00:00Z"),
+    (Field("ok", "bool"), '{"ok": ["yes"]}', True),
+])
+def test_answers_are_read_generously(field, text, gold):
+    spec = AnswerSpec((field,), none_allowed=True)
+    assert spec.compare(spec.parse(f"<answer>{text}</answer>"), {field.name: gold}) == []
+
+
+@pytest.mark.parametrize(("field", "text", "gold"), [
+    (Field("patient_id", "id"), '{"patient_id": "Patient/a, Patient/b"}', "a"),
+    (Field("patient_id", "id"), '{"patient_id": "Patient/b, Patient/a"}', "a"),
+    (Field("patient_id", "id"), '{"patient_id": "a or b"}', "a"),
+    (Field("patient_id", "id"), '{"patient_id": ["a", "b"]}', "a"),
+    (Field("patient_id", "id"), '{"patient_id": [{"reference": "Patient/a"}, {"reference": "Patient/b"}]}', "a"),
+    (Field("slots", "int"), '{"slots": "39 or 40"}', 39),
+    (Field("hba1c", "number"), '{"hba1c": "7.0 % (earlier 6.5 %)"}', 7.0),
+    (Field("name", "text"), '{"name": ["Aetna", "Cigna"]}', "Aetna"),
+    (Field("day", "date"), '{"day": ["2025-06-09", "2025-06-10"]}', date(2025, 6, 9)),
+    (Field("ok", "bool"), '{"ok": [true, false]}', True),
+])
+def test_answers_that_name_several_candidates_fail(field, text, gold):
+    spec = AnswerSpec((field,), none_allowed=True)
+    assert spec.compare(spec.parse(f"<answer>{text}</answer>"), {field.name: gold})
+
+
+@pytest.mark.parametrize("text", ['<answer>{"slot_id": null, "start": null}</answer>',
+                                  '<answer>{"slot_id": "", "start": []}</answer>', '<answer>{"slot_id": null}</answer>'])
+def test_all_null_fields_read_as_nothing_found(text):
+    assert SPEC.parse(text) is NOT_FOUND and SPEC.compare(SPEC.parse(text), NOT_FOUND) == []
+
+
+@pytest.mark.parametrize("text", [
+    '<answer>{"found": false, "slot_id": "s1"}</answer>',  # nothing found, and yet a value
+    '<answer>{"slot_id": "s1", "start": "2025-06-09T10:00:00Z"}</answer> or maybe <answer>{"found": false}</answer>',
+    '<answer>{"slot_id": "s1", "start": "2025-06-09T10:00:00Z"}</answer><answer>{"slot_id": "s2", '
+    '"start": "2025-06-09T10:00:00Z"}</answer>',
+])
+def test_answers_that_contradict_themselves_fail_whatever_the_gold(text):
+    for gold in (NOT_FOUND, {"slot_id": "s1", "start": "2025-06-09T10:00:00Z"}):
+        assert SPEC.compare(SPEC.parse(text), gold)
+
+
+def test_a_restated_answer_is_one_answer():
+    text = '<answer>{"slot_id": "s1", "start": "2025-06-09T10:00:00Z"}</answer> again: <answer>{"slot_id": "Slot/s1", "start": "2025-06-09T10:00:00Z"}</answer>'
+    assert SPEC.compare(SPEC.parse(text), {"slot_id": "s1", "start": "2025-06-09T10:00:00Z"}) == []
+
+
 def test_kinds():
     ids = AnswerSpec((Field("ids", "ids"),))
     assert ids.compare(ids.parse('<answer>{"ids": ["Slot/b", "a"]}</answer>'), {"ids": ["a", "b"]}) == []
@@ -91,7 +152,7 @@ def _client() -> tuple[Store, InProcessClient]:
     return store, InProcessClient(FhirServer(store))
 
 
-def test_diff_sees_creates_updates_deletes_and_ignores_net_nothing():
+def test_diff_sees_creates_updates_deletes_and_transient_writes():
     store, c = _client()
     c.update({"resourceType": "Patient", "id": "p1", "gender": "female"})
     c.update({"resourceType": "Patient", "id": "p2", "gender": "male"})
@@ -101,10 +162,13 @@ def test_diff_sees_creates_updates_deletes_and_ignores_net_nothing():
     c.delete("Patient", "p2")
     c.create({"resourceType": "Patient", "id": "x", "gender": "male"})
     tmp = c.create({"resourceType": "Basic", "code": {"text": "scratch"}}).body
-    c.delete("Basic", tmp["id"])  # created and deleted inside the episode: no net change
+    c.delete("Basic", tmp["id"])  # created and deleted inside the episode: a transient write
     changes = diff(store, start)
     ops = {(ch.op, ch.rtype) for ch in changes}
-    assert ops == {("update", "Patient"), ("delete", "Patient"), ("create", "Patient")}
+    assert ops == {("update", "Patient"), ("delete", "Patient"), ("create", "Patient"), ("transient", "Basic")}
+    transient = next(ch for ch in changes if ch.op == "transient")
+    assert transient.after["code"] == {"text": "scratch"} and transient.before is None
+    assert [c.key for c in match([], changes).collateral] == [ch.key for ch in changes]
     upd = next(ch for ch in changes if ch.op == "update")
     assert upd.before["gender"] == "female" and upd.after["gender"] == "unknown"
 
@@ -145,6 +209,101 @@ def test_checks_read_paths_through_lists_and_codings():
     assert coded("code", "t", "2")(res, None) is None and coded("code", "s", "2")(res, None)
     assert refs_exactly("supportingInfo", ["DiagnosticReport/a", "DiagnosticReport/b"])(res, None) is None
     assert refs_exactly("supportingInfo", ["DiagnosticReport/a"])(res, None)
+
+
+def test_an_update_that_changes_nothing_is_no_change_whatever_its_serialisation():
+    store, c = _client()
+    c.update({"resourceType": "Observation", "id": "o1", "status": "final", "code": {"text": "x"},
+              "effectiveDateTime": "2025-06-02T10:00:00Z", "valueQuantity": {"value": 5, "unit": "mg"}})
+    start = mark(store)
+    c.update({"resourceType": "Observation", "id": "o1", "valueQuantity": {"unit": "mg", "value": 5.0},
+              "effectiveDateTime": "2025-06-02T10:00:00+00:00", "code": {"text": "x"}, "status": "final"})
+    assert diff(store, start) == []
+    c.update({"resourceType": "Observation", "id": "o1", "status": "final", "code": {"text": "x"},
+              "effectiveDateTime": "2025-06-02T10:00:00+01:00", "valueQuantity": {"value": 5, "unit": "mg"}})
+    assert [ch.op for ch in diff(store, start)] == ["update"]  # another moment is a change
+
+
+@pytest.mark.parametrize(("a", "b", "same"), [
+    ("2025-06-02T10:00:00Z", "2025-06-02T10:00:00+00:00", True),
+    ("2025-06-02T10:00:00Z", "2025-06-02T12:00:00.000+02:00", True),
+    ("2025-06-02T10:00:00Z", "2025-06-02T10:00:01Z", False),
+    ("2025-06-02", "2025-06-02T00:00:00Z", False),  # a date is not a moment
+    (5, 5.0, True), (5, "5", False), (True, 1, False), ("final", "Final", False),
+    ({"a": [1, {"b": "2025-01-01T00:00:00Z"}]}, {"a": [1.0, {"b": "2025-01-01T01:00:00+01:00"}]}, True),
+    ([1, 2], [2, 1], False),
+])
+def test_fhir_equality_is_by_type(a, b, same):
+    assert fhir_equal(a, b) is same and fhir_equal(b, a) is same
+
+
+HTN, MI, SCT, ICD = "59621000", "22298006", "http://snomed.info/sct", "http://hl7.org/fhir/sid/icd-10-cm"
+
+
+def _cc(*codings: tuple[str, str]) -> dict:
+    return {"coding": [{"system": s, "code": c} for s, c in codings]}
+
+
+def test_strict_checks_are_exact_where_the_meaning_is_single():
+    assert coded("code", SCT, HTN)({"code": _cc((SCT, HTN))}, None) is None
+    assert coded("code", SCT, HTN)({"code": _cc((SCT, HTN), (ICD, "I10"))}, None) is None  # a translation
+    assert coded("code", SCT, HTN)({"code": _cc((SCT, HTN), (SCT, MI))}, None)  # two concepts
+    assert coded("code", SCT, HTN, extras=True)({"code": _cc((SCT, HTN), (SCT, MI))}, None) is None
+    two_categories = {"category": [_cc(("c", "vital-signs")), _cc(("c", "laboratory"))]}
+    assert coded("category", "c", "vital-signs")(two_categories, None)
+    assert coded("category", "c", "vital-signs", extras=True)(two_categories, None) is None
+    account = {"subject": [{"reference": "Patient/a"}, {"reference": "Patient/b"}]}
+    assert ref("subject", "Patient/a")(account, None) and ref("subject", "Patient/a", extras=True)(account, None) is None
+    assert ref("subject", "Patient/a")({"subject": [{"reference": "http://h/fhir/Patient/a"}]}, None) is None
+    assert eq("status", "active")({"status": "active"}, None) is None
+    assert eq("name.given", "Ann")({"name": [{"given": ["Ann", "Bea"]}]}, None)
+    assert eq("valueQuantity.value", 5)({"valueQuantity": {"value": 5.0}}, None) is None
+    assert one_of("address.state", ("MA", "Massachusetts"))({"address": [{"state": "MA"}, {"state": "NY"}]}, None)
+    assert on_day("period.start", "2025-06-02")({"period": {"start": "2025-06-02T09:00:00Z"}}, None) is None
+    assert instant("start", "2025-06-02T09:00:00Z")({"start": ["2025-06-02T09:00:00Z", "2025-06-03T09:00:00Z"]}, None)
+
+
+ORDER = {"resourceType": "ServiceRequest", "status": "active", "intent": "order", "subject": {"reference": "Patient/p"}}
+
+
+@pytest.mark.parametrize(("extra", "why"), [
+    ({"doNotPerform": True}, "doNotPerform"),
+    ({"status": "revoked"}, "status"),
+    ({"status": "entered-in-error"}, "status"),
+    ({"modifierExtension": [{"url": "http://x/negated", "valueBoolean": True}]}, "modifierExtension"),
+])
+def test_a_modifier_that_negates_a_created_resource_fails_it(extra, why):
+    exp = Expect("create", "ServiceRequest", checks=(ref("subject", "Patient/p"), eq("intent", "order")))
+    assert match([exp], [_change("create", "ServiceRequest", "s", None, ORDER)]).ok
+    m = match([exp], [_change("create", "ServiceRequest", "s", None, {**ORDER, **extra})])
+    assert not m.ok and why in m.unmet[0][1][0]
+    patient = Expect("create", "Patient", checks=(eq("gender", "female"),))
+    assert not match([patient], [_change("create", "Patient", "p", None, {"gender": "female", "active": False})]).ok
+
+
+def test_a_modifier_the_task_asks_for_or_the_record_already_had_is_no_contradiction():
+    cancel = Expect("update", "Appointment", id="a1", checks=(eq("status", "cancelled"),))
+    assert match([cancel], [_change("update", "Appointment", "a1", APPT, {**APPT, "status": "cancelled"})]).ok
+    old = {**ORDER, "doNotPerform": True, "note": [{"text": "x"}]}
+    note = Expect("update", "ServiceRequest", id="s", checks=(eq("note.text", "y"),))
+    assert match([note], [_change("update", "ServiceRequest", "s", old, {**old, "note": [{"text": "y"}]})]).ok
+
+
+@pytest.mark.parametrize(("after", "ok"), [
+    ({"meta": {"versionId": "2", "lastUpdated": "2025-06-03T00:00:00Z"}}, True),
+    ({"effectiveDateTime": "2025-06-02T12:00:00+02:00"}, True),
+    ({"text": {"status": "generated", "div": "<div>rewritten</div>"}}, False),
+    ({"meta": {"versionId": "2", "security": [{"system": "s", "code": "R"}]}}, False),
+    ({"meta": {"versionId": "2", "tag": [{"system": "s", "code": "t"}]}}, False),
+    ({"meta": {"versionId": "2", "profile": ["http://x/p"]}}, False),
+])
+def test_preserve_covers_text_and_meta_but_not_what_the_server_manages(after, ok):
+    before = {"resourceType": "Observation", "id": "o", "status": "final", "effectiveDateTime": "2025-06-02T10:00:00Z",
+              "text": {"status": "generated", "div": "<div>5 mg</div>"},
+              "meta": {"versionId": "1", "lastUpdated": "2025-06-02T00:00:00Z"}}
+    exp = Expect("update", "Observation", id="o", checks=(eq("status", "amended"),))
+    change = _change("update", "Observation", "o", before, {**before, "status": "amended", **after})
+    assert match([exp], [change]).ok is ok
 
 
 # -- failure modes ------------------------------------------------------------------------------------

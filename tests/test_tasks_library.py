@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from fhirgym.tasks import CATEGORIES, TaskWorld, families
+from fhirgym.tasks import CATEGORIES, TaskWorld, families, make_instance
 from fhirgym.tasks._check import check
 
 SEEDS = range(3)
@@ -28,3 +28,108 @@ def test_reference_passes_null_fails_mutations_rejected(family, small_world_path
     problems = [f"seed {r.seed}: {p}" for r in rows for p in r.problems]
     assert not problems, "\n".join(problems)
     assert all(r.reference_strict and not r.null_strict for r in rows)
+
+
+# -- issue 16: determinism, answers that cannot be guessed ------------------------------------------------
+
+#: sha256 of every family × seeds 0–19 instance (prompt, clock, params, setup resources, gold) of the
+#: 10-patient test world, keyed by that world file's sha256. It moves whenever a family's sampling, prompt,
+#: setup or gold does: re-record it deliberately (``instances_sha256`` prints it).
+INSTANCES_SHA256 = {
+    "1ac0fe133e694c9f77afc051504903b2882d99dc42d4cbc2576d7eb948a507e9":
+        "4be742cf72f9dbcf71fab67e1b0287c733f92b096c60d6008313d7622aab3a6a",
+}
+
+
+def test_every_instance_dumps_byte_identical_as_recorded(small_world_path):
+    from fhirgym.tasks._check import instances_sha256
+    from fhirgym.world import world_sha256
+
+    world = TaskWorld.open(small_world_path)
+    recorded = INSTANCES_SHA256.get(world_sha256(small_world_path))
+    assert recorded is not None, f"no instances hash recorded for the world {world_sha256(small_world_path)}"
+    assert instances_sha256(families(), range(20), world) == recorded
+    world.cache.clear()  # cold per-world caches, other families first: the same bytes again
+    instances_sha256(families()[::-1][:20], range(5), world)
+    assert instances_sha256(families(), range(20), world) == recorded
+
+
+@pytest.fixture(scope="module")
+def surveyed(small_world_path):
+    """Every family × 20 seeds: the gold, whether it is "nothing found", the constant reply's verdict."""
+    from fhirgym.tasks._check import figures, survey_rows
+
+    rows = survey_rows(families(), range(20), TaskWorld.open(small_world_path))
+    return figures(rows, families())
+
+
+def test_the_constant_nothing_found_reply_is_never_free(surveyed):
+    """No family is all-negative, each one offering "nothing found" draws both kinds on ≥ 30 % of 20 seeds,
+    and the constant "nothing found" reply (no tool call) scores ≤ 5 % strict over the library."""
+    per_family, problems = surveyed
+    assert not [p for p in problems if "gold on" not in p], problems
+    assert sum(f.constant for f in per_family) <= 0.05 * sum(f.seeds for f in per_family)
+    offering = [f for f in per_family if f.none_allowed]
+    assert len(offering) >= 5 and all(6 <= f.negative <= 14 for f in offering)
+    assert all(f.negative == 0 for f in per_family if not f.none_allowed)
+
+
+#: Families whose candidates in the 10-patient test world are two or three (accounts with a relative,
+#: waitlist entries, movable appointments, orders with a relevant report): no sampling keeps one gold under
+#: 25 % of 20 seeds there; their setup would have to plant candidates (issue 16, left open). Pinned so that
+#: a new offender, or one that gets fixed, shows here.
+POOL_LIMITED = {"billing.find_guarantor", "billing.no_guarantor", "billing.set_guarantor",
+                "scheduling.cancel_monday_appointment", "scheduling.remove_from_waitlist",
+                "scheduling.reschedule_other_provider", "scheduling.waitlist_to_slot",
+                "scheduling.who_booked_doctor_slot", "orders.attach_relevant_report"}
+
+
+def test_no_gold_dominates_a_family(surveyed):
+    """Apart from "nothing found", no gold (answer or expected change, ids included) on > 25 % of 20 seeds."""
+    _, problems = surveyed
+    assert {p.split(":")[0] for p in problems if "gold on" in p} == POOL_LIMITED, problems
+
+
+def _reference_calls(inst) -> list:
+    with inst.open() as ep:
+        box = ep.toolbox()
+        inst.family.solve(box, inst.params, inst.now)
+        return [(c.name, c.arguments, c.output, c.error) for c in box.calls]
+
+
+@pytest.mark.parametrize("family", ["clinical.lab_last_24h", "billing.no_coverage", "orders.attach_genetic_reports",
+                                    "records.patient_not_found", "scheduling.who_booked_doctor_slot"])
+def test_identical_runs_give_identical_tool_outputs(family, small_world_path):
+    inst = make_instance(family, 3, TaskWorld.open(small_world_path))
+    assert _reference_calls(inst) == _reference_calls(inst)
+
+
+@pytest.mark.xfail(strict=True, reason="the paging token hashes id(self.store), a memory address "
+                   "(fhir/_server.py FhirServer._remember); issue 16 req 8 asks the server's owner to drop it")
+def test_paging_links_are_the_same_in_identical_runs(small_world_path):
+    inst = make_instance("scheduling.book_first_free_slot", 3, TaskWorld.open(small_world_path))
+    first, second = _reference_calls(inst), _reference_calls(inst)
+    assert any("next_page_url" in (out or {}) for _, _, out, _ in first)
+    assert first == second
+
+
+def test_setup_resources_look_like_the_world(small_world_path):
+    """Setup ids have the world's form (UUID v4, naming no role) and the world's lastUpdated, never after now."""
+    import re
+    from datetime import datetime
+
+    world = TaskWorld.open(small_world_path)
+    uuid4 = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
+    seen = 0
+    for fam in families():
+        for seed in range(3):
+            inst = make_instance(fam, seed, world)
+            with inst.open() as ep:
+                for res in inst.setup:
+                    assert uuid4.match(res["id"]), (fam.id, res["id"])
+                    stored = ep.client.read(res["resourceType"], res["id"]).body
+                    updated = datetime.fromisoformat(stored["meta"]["lastUpdated"].replace("Z", "+00:00"))
+                    assert updated == world.last_updated, (fam.id, updated)  # to the millisecond, whatever ran before
+                    assert world.last_updated <= inst.now
+                    seen += 1
+    assert seen >= 20

@@ -131,6 +131,24 @@ def test_unknown_nested_element(v: Validator) -> None:
     assert issues[0].diagnostics == "Unknown element 'nickname' in Patient.name[1]"
 
 
+def test_modifier_extensions_are_refused_as_not_understood(v: Validator) -> None:
+    ext = [{"url": "http://example.org/reverses-meaning", "valueBoolean": True}]
+    assert found(v, make(PATIENT, modifierExtension=ext)) == [("not-supported", "Patient.modifierExtension[0]")]
+    nested = make(PATIENT, contact=[{"name": {"family": "X"}, "modifierExtension": ext}])
+    assert found(v, nested) == [("not-supported", "Patient.contact[0].modifierExtension[0]")]
+    assert found(v, make(PATIENT, extension=ext)) == []  # a plain extension may be ignored
+
+
+def test_a_server_answers_an_unknown_modifier_extension_with_422() -> None:
+    from fhirgym.fhir import FhirServer, InProcessClient, Store
+
+    client = InProcessClient(FhirServer(Store()))
+    resp = client.create({"resourceType": "Patient", "modifierExtension": [
+        {"url": "http://example.org/reverses-meaning", "valueBoolean": True}]})
+    assert resp.status == 422 and resp.body["resourceType"] == "OperationOutcome"
+    assert resp.body["issue"][0]["code"] == "not-supported"
+
+
 def test_resource_type_key_only_at_resource_root(v: Validator) -> None:
     assert found(v, make(PATIENT, name=[{"family": "X", "resourceType": "HumanName"}])) == [
         ("structure", "Patient.name[0].resourceType")
@@ -388,7 +406,7 @@ def test_primitive_extension_arrays(v: Validator) -> None:
 
 def test_extension_structure(v: Validator) -> None:
     nested = {"url": "http://example.org/complex", "extension": [{"url": "part", "valueCode": "a"}]}
-    assert v.validate(make(PATIENT, extension=[EXT, nested], modifierExtension=[EXT])) == []
+    assert v.validate(make(PATIENT, extension=[EXT, nested])) == []
     assert found(v, make(PATIENT, extension=[{"valueString": "x"}])) == [
         ("required", "Patient.extension[0].url")
     ]
@@ -397,7 +415,7 @@ def test_extension_structure(v: Validator) -> None:
     assert [(i.code, i.expression) for i in issues] == [("structure", ("Patient.extension[1]",))]
     assert "either value[x] or nested extensions, not both" in issues[0].diagnostics
     assert found(v, make(PATIENT, modifierExtension=[{"url": "http://x"}])) == [
-        ("structure", "Patient.modifierExtension[0]")
+        ("structure", "Patient.modifierExtension[0]"), ("not-supported", "Patient.modifierExtension[0]")
     ]
     assert found(v, make(PATIENT, extension=[{"url": "http://x", "valueInteger": "1"}])) == [
         ("value", "Patient.extension[0].valueInteger")

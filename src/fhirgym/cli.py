@@ -220,12 +220,14 @@ def tasks_show(task_id: str, seed: int, world_path: Path | None, patients: int, 
 @tasks.command("check")
 @click.option("--tasks", "selector", default="all", show_default=True)
 @click.option("--seeds", default=20, show_default=True, help="Seeds 0..N-1 of every family.")
-@click.option("--no-mutations", is_flag=True, help="Skip the mutation tests of writing families.")
+@click.option("--no-mutations", is_flag=True, help="Skip the mutation tests.")
+@click.option("--table", is_flag=True, help="Print the per-family figures (nothing found, constant agent, gold variety).")
 @_world_options
-def tasks_check(selector: str, seeds: int, no_mutations: bool, world_path: Path | None, patients: int,
+def tasks_check(selector: str, seeds: int, no_mutations: bool, table: bool, world_path: Path | None, patients: int,
                 world_seed: int) -> None:
-    """Run the reference and null agents (and mutations) on every family × seed; non-zero exit on any problem."""
-    from .tasks import check, select
+    """Run the reference, null and constant "nothing found" agents, the wrong mutations and the equivalent
+    rewrites on every family × seed; non-zero exit on any problem."""
+    from .tasks import EQUIVALENTS, MUTATIONS, check, figures, select
 
     world = _task_world(world_path, patients, world_seed)
     fams = select(selector)
@@ -245,13 +247,34 @@ def tasks_check(selector: str, seeds: int, no_mutations: bool, world_path: Path 
     null_light = sum(bool(r.null_light) for r in writing)
     applied = sum(r.mutations_applied for r in rows)
     rejected = sum(r.mutations_rejected for r in rows)
+    equivalent = sum(r.equivalents_applied for r in rows)
+    passed = sum(r.equivalents_passed for r in rows)
+    constant = sum(r.nothing_found_passes for r in rows)
+    per_family, library_problems = figures(rows, fams)
+    if table:
+        click.echo(f"{'family':44} {'seeds':>5} {'none?':>5} {'negative':>8} {'constant':>8} {'top gold':>8} "
+                   f"{'distractor first':>16}")
+        for f in per_family:
+            bite = f"{f.first_hit}/{f.distracted}" if f.distracted else "-"
+            click.echo(f"{f.task_id:44} {f.seeds:5} {'yes' if f.none_allowed else '':>5} {f.negative:8} "
+                       f"{f.constant:8} {f.top_gold:8} {bite:>16}")
+    for problem in library_problems:
+        click.echo(f"PROBLEM {problem}", err=True)
     click.echo(f"{len(fams)} families × {seeds} seeds = {n} instances")
     click.echo(f"reference: strict {ref_strict}/{n} ({100 * ref_strict / max(1, n):.1f} %), "
                f"light {ref_light}/{len(writing)} on writing instances")
     click.echo(f"null:      strict {null_strict}/{n}, light {null_light}/{len(writing)}")
     click.echo(f"mutations: {rejected}/{applied} rejected by strict validation")
-    click.echo(f"problems:  {len(bad)} instances")
-    sys.exit(1 if bad else 0)
+    for name in MUTATIONS:
+        got = [r.outcomes[name] for r in rows if name in r.outcomes]
+        click.echo(f"  {name:20} {sum(got)}/{len(got)} rejected")
+    click.echo(f"equivalent rewrites: {passed}/{equivalent} pass strict validation")
+    for name in EQUIVALENTS:
+        got = [r.outcomes[name] for r in rows if name in r.outcomes]
+        click.echo(f"  {name:20} {sum(got)}/{len(got)} pass")
+    click.echo(f"constant 'nothing found': strict {constant}/{n} ({100 * constant / max(1, n):.2f} %)")
+    click.echo(f"problems:  {len(bad)} instances, {len(library_problems)} family figures")
+    sys.exit(1 if bad or library_problems else 0)
 
 
 @tasks.command("paraphrase")

@@ -18,7 +18,9 @@ mimetypes or languages, are skipped), ``Reference.reference`` syntax and target 
 of contained resources: ``#id`` references resolve to one, ids are unique, and the invariants
 ``dom-2`` to ``dom-5`` (no nested ``contained``, each one referred to, no ``meta.versionId``/
 ``lastUpdated``, no security labels), written out here as they are cheap and walk nothing unless a
-resource has ``contained`` or a ``#id`` reference. ``fhir_comments`` is ignored.
+resource has ``contained`` or a ``#id`` reference. ``fhir_comments`` is ignored. Every
+``modifierExtension`` is refused (``not-supported``): this server understands none, and FHIR forbids
+processing a resource whose modifier extension it does not understand.
 
 Not checked, deliberately: other FHIRPath invariants (``ele-1``, ``dom-6`` ...; out of scope and
 slow), profiles in ``meta.profile``, extension definitions, extensible/preferred bindings, whether
@@ -34,7 +36,8 @@ nested resources under their container (``Bundle.entry[2].resource.status``).
 Issue codes (all severity ``error``): ``structure`` (unknown element, wrong JSON shape, too many
 values, empty or null, repeated contained id), ``required`` (missing element or resourceType),
 ``value`` (bad primitive or reference), ``code-invalid`` (outside a required ValueSet), ``not-found``
-(a ``#id`` reference without its contained resource), ``invariant`` (``dom-2`` to ``dom-5``). A bug
+(a ``#id`` reference without its contained resource), ``invariant`` (``dom-2`` to ``dom-5``),
+``not-supported`` (a ``modifierExtension``). A bug
 in the validator itself surfaces as one ``exception`` issue, never as a raised exception.
 """
 
@@ -96,6 +99,7 @@ Path = str | tuple
 # Post-walk checks on complex values.
 _POST_REFERENCE = 1
 _POST_BINDING = 2
+_POST_MODIFIER = 3  # a modifierExtension: refused, none is understood
 
 
 class _Field:
@@ -560,7 +564,11 @@ class Validator:
 
     def _post(self, f: _Field, val: dict, path: Path, issues: list[Issue]) -> None:
         """Checks that need the whole value: reference syntax and targets, Coding bindings."""
-        if f.post == _POST_REFERENCE:
+        if f.post == _POST_MODIFIER:
+            _issue(issues, "not-supported", path,
+                   f"modifierExtension {val.get('url')!r} is not understood by this server, so the resource "
+                   "cannot be processed (FHIR R4 §2.4.1.6)")
+        elif f.post == _POST_REFERENCE:
             ref = val.get("reference")
             if type(ref) is str:
                 rtype = self._refs.get(ref)
@@ -763,6 +771,8 @@ class Validator:
             if t == "Reference":
                 f.post = _POST_REFERENCE
                 f.targets = frozenset(el.target_types)
+            elif key == "modifierExtension":
+                f.post = _POST_MODIFIER
         if (
             el.binding_strength == "required"
             and el.binding_valueset

@@ -12,7 +12,7 @@ Agents never get a fork: they work in a :class:`fhirgym.env.Episode`.
 
 from . import _builtin  # noqa: F401  (families() loads the built-in library on first use)
 from ._answer import NOT_FOUND, AnswerSpec, Field, answer_text, parse_answer, render
-from ._check import check
+from ._check import check, figures
 from ._diff import Change, diff, mark
 from ._expect import Check, Expect, match
 from ._failure import MODES, failure_modes, failure_modes_of, proximity
@@ -35,13 +35,16 @@ from ._family import (
     register,
     select,
 )
+from ._mutate import EQUIVALENTS, MUTATIONS
 from ._paraphrase import ParaphraseUnavailable, cached_paraphrase, paraphrase
 
 __all__ = [
     "CATEGORIES",
     "CATEGORY_TITLES",
     "DEFAULT_SUBSET",
+    "EQUIVALENTS",
     "MODES",
+    "MUTATIONS",
     "NOT_FOUND",
     "AnswerSpec",
     "Change",
@@ -64,6 +67,7 @@ __all__ = [
     "failure_modes",
     "failure_modes_of",
     "families",
+    "figures",
     "frozen_now",
     "get_family",
     "make_instance",

@@ -5,7 +5,14 @@ The published sandbox compared answers as exact strings, accepted one timestamp 
 inside ``<answer>…</answer>`` whose fields have *kinds* (id, ids, int, number, datetime, date, text,
 bool); parsing accepts tags or bare JSON, any key case, single quotes, ``Type/id`` or bare ids, and
 equivalent date formats; "nothing found" is the structured value ``{"found": false}`` (``none``,
-``null``, ``not found`` also read as it) — but an empty reply is never read as "nothing found".
+``null``, ``not found`` and an object whose every field is null also read as it) — but an empty reply
+is never read as "nothing found".
+
+Generous in form, strict in commitment (:func:`one_value`): a number with its unit or noun
+(``"7.0 %"``, ``"39 slots"``), a Reference object for an id, a one-element list for one value are
+read as that value; an answer that names several candidates for one value (``"Patient/a, Patient/b"``,
+``["a", "b"]``, ``"7 or 8"``), says "nothing found" next to a value, or gives answer tags that
+disagree is wrong whatever the gold.
 """
 
 from __future__ import annotations
@@ -33,6 +40,13 @@ class _NotFound:
 
 
 NOT_FOUND: Any = _NotFound()
+
+
+@dataclass(frozen=True)
+class Contradiction:
+    """An answer that does not commit: it says two things at once (never equal to any gold)."""
+
+    why: str
 
 _PLACEHOLDER = {
     "id": "<id>", "ids": ["<id>", "..."], "int": 0, "number": 0.0, "datetime": "<YYYY-MM-DDThh:mm:ssZ>",
@@ -77,6 +91,8 @@ class AnswerSpec:
 
     def compare(self, got: Any, gold: Any) -> list[str]:
         """Reasons the parsed answer differs from the gold one (empty = correct)."""
+        if isinstance(got, Contradiction):
+            return [f"the answer does not commit: {got.why}"]
         if gold is NOT_FOUND:
             return [] if got is NOT_FOUND else ["expected the 'nothing found' answer"]
         if got is None:
@@ -144,13 +160,40 @@ def parse_answer(text: str | None, spec: AnswerSpec) -> Any:
     if not text or not text.strip():
         return None
     tags = _TAG.findall(text)
+    if len(tags) > 1:
+        readings = [_read(_loads(t), spec) for t in tags]
+        if not all(_agree(spec, r, readings[-1]) for r in readings):
+            return Contradiction(f"{len(tags)} answer tags that disagree")
+        return readings[-1]
     if tags:
-        raw: Any = _loads(tags[-1])
-    else:
-        obj = _last_json_object(text)
-        if obj is None:
-            return None
-        raw = _loads(obj)
+        return _read(_loads(tags[0]), spec)
+    obj = _last_json_object(text)
+    return None if obj is None else _read(_loads(obj), spec)
+
+
+def _agree(spec: AnswerSpec, a: Any, b: Any) -> bool:
+    """Two readings of one reply say the same (a restated answer), by the meaning of each field."""
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return a == b
+    if a.keys() != b.keys():
+        return False
+    try:
+        return all(same(f, a[f.name], b[f.name] if f.kind == "ids" else one_value(f.kind, b[f.name]))
+                   for f in spec.fields if f.name in a)
+    except _Hedged:
+        return False
+
+
+def _read(raw: Any, spec: AnswerSpec) -> Any:
+    """One parsed answer payload as ``{field: raw value}``, NOT_FOUND, a Contradiction or None."""
+    if isinstance(raw, dict) and _is_none(raw) and _matches_fields(raw, spec):
+        return Contradiction("it says nothing was found and names a value")
+    if isinstance(raw, dict) and raw and not _matches_fields(raw, spec) and not _is_none(raw):
+        low = {str(k).strip().lower(): v for k, v in raw.items()}
+        if low.get("found") in (True, "true", "yes"):
+            return None  # "found" without the value: no answer
+        if any(f.name.lower() in low for f in spec.fields):
+            return NOT_FOUND  # every field present is null or empty: nothing found
     if _is_none(raw) and not (isinstance(raw, dict) and _matches_fields(raw, spec)):
         return NOT_FOUND
     if isinstance(raw, dict):
@@ -212,22 +255,66 @@ def _text(value: Any) -> str:
     return re.sub(r"[\s.,;:!]+", " ", str(value)).strip().casefold()
 
 
+_SEPARATORS = re.compile(r"[,;\s]+(?:(?:or|and)[,;\s]+)?", re.I)
+#: A number in running text, not the digit of a word (``HbA1c``) or of a longer token.
+_NUMBER = re.compile(r"(?<![\w.])[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w])|(?<![\w.])[-+]?\d+(?:\.\d+)?(?![\w.])")
+
+
+def _id_of(value: Any) -> Any:
+    """A Reference object or a resource stands for its id."""
+    if isinstance(value, dict):
+        low = {str(k).lower(): v for k, v in value.items()}
+        return low.get("reference") or low.get("id") or value
+    return value
+
+
 def _ids(value: Any) -> set[str] | None:
     if isinstance(value, str):
-        value = [v for v in re.split(r"[,\s]+", value) if v]
+        value = [v for v in _SEPARATORS.split(value) if v]
     if not isinstance(value, list | tuple | set):
         return None
-    return {norm_id(v) for v in value}
+    return {norm_id(_id_of(v)) for v in value}
+
+
+class _Hedged(Exception):
+    """A field names several candidates for one value."""
+
+
+def one_value(kind: str, got: Any) -> Any:
+    """The one value a field commits to, read generously; raises :class:`_Hedged` if it names several."""
+    if isinstance(got, list | tuple):
+        if len(got) != 1:
+            raise _Hedged
+        got = got[0]
+    if kind == "id":
+        got = _id_of(got)
+        if isinstance(got, str) and len({norm_id(t) for t in _SEPARATORS.split(got) if t}) > 1:
+            raise _Hedged
+    elif kind in ("int", "number"):
+        if isinstance(got, dict):  # a Quantity
+            got = {str(k).lower(): v for k, v in got.items()}.get("value", got)
+        if isinstance(got, str):
+            numbers = {float(n.replace(",", "")) for n in _NUMBER.findall(got)}
+            if len(numbers) > 1:
+                raise _Hedged
+            got = numbers.pop() if numbers else got
+    return got
 
 
 def same(field: Field, got: Any, gold: Any) -> bool:
     kind = field.kind
+    if kind == "ids":
+        return _ids(got) == _ids(gold)
+    try:
+        got = one_value(kind, got)
+    except _Hedged:
+        return False
     if kind == "id":  # a list of gold ids: any of them is right (e.g. ties)
         golds = gold if isinstance(gold, list | tuple | set) else [gold]
         return not isinstance(got, list | dict) and norm_id(got) in {norm_id(g) for g in golds}
-    if kind == "ids":
-        return _ids(got) == _ids(gold)
     if kind in ("int", "number"):
+        if isinstance(got, bool):
+            return False
         try:
             g = float(str(got).strip().replace(",", ""))
         except ValueError:

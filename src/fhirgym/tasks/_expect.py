@@ -8,7 +8,13 @@ the checked elements are present, whatever their values.
 
 Checks read elements by dotted paths that flatten lists (``participant.actor.reference``) and compare
 the way a careful reviewer would: references by type/id (absolute or relative), codings by system and
-code anywhere in a CodeableConcept, instants as moments in time.
+code, instants as moments in time. Strict means **exact where the meaning is single**: every value at
+the path must match (a Condition coded hypertension *and* infarction, an Account for two patients fail);
+a check built with ``extras=True`` only needs one match (the family declares a multi-valued element).
+A coding of *another* system in the same CodeableConcept is read as a translation and allowed; another
+code of the same system is another concept. Every created or updated resource must also carry no
+modifier that contradicts the expectation (:func:`modifier_failures`), and updates preserve everything
+not asked to change, ``text`` and ``meta`` included, compared by FHIR type (:func:`fhir_equal`).
 """
 
 from __future__ import annotations
@@ -18,12 +24,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._answer import norm_id, parse_day, parse_instant
-from ._diff import Change
+from ._diff import Change, content, fhir_equal
 
 #: A check returns None when satisfied, else a short reason.
 CheckFn = Callable[[dict, dict | None], str | None]
 
-IGNORED_ON_PRESERVE = frozenset({"meta", "text"})
+#: Values of a modifier status that cancel or negate what a resource says (FHIR R4 status value sets).
+CANCELLING = frozenset({"entered-in-error", "cancelled", "revoked", "not-done", "not-taken", "refuted",
+                        "stopped", "rejected", "noshow", "inactive", "resolved"})
+#: Top-level modifier elements whose value can negate a resource, as codes or CodeableConcepts.
+MODIFIER_STATUSES = ("status", "clinicalStatus", "verificationStatus")
 
 
 def values(resource: Any, path: str) -> list[Any]:
@@ -56,35 +66,51 @@ class Check:
     describe: str
     fn: CheckFn
     light: bool = True  # False: not an element-presence requirement (e.g. "unchanged")
+    kind: str = ""  # "coded", "ref", "eq": what the near-miss mutations of tasks check aim at
+    want: Any = None  # the expected value of a coded/ref check: (system, code) or "Type/id"
+    extras: bool = False  # the family allows further values at the path
 
     def __call__(self, after: dict, before: dict | None) -> str | None:
         return self.fn(after, before)
 
 
-def eq(path: str, expected: Any) -> Check:
+def _holds(got: list[Any], ok: Callable[[Any], bool], extras: bool) -> bool:
+    """Strict: values present and every one right; with ``extras``: at least one right."""
+    return bool(got) and (any(map(ok, got)) if extras else all(map(ok, got)))
+
+
+def _only(extras: bool) -> str:
+    return "" if extras else " only"
+
+
+def eq(path: str, expected: Any, extras: bool = False) -> Check:
     def fn(after: dict, before: dict | None) -> str | None:
         got = values(after, path)
-        return None if expected in got else f"{path} is {got or 'missing'}, expected {expected!r}"
-    return Check(path, f"{path} = {expected!r}", fn)
+        ok = _holds(got, lambda g: fhir_equal(g, expected), extras)
+        return None if ok else f"{path} is {got or 'missing'}, expected{_only(extras)} {expected!r}"
+    return Check(path, f"{path} = {expected!r}", fn, kind="eq", want=expected, extras=extras)
 
 
-def one_of(path: str, allowed: Iterable[Any]) -> Check:
+def one_of(path: str, allowed: Iterable[Any], extras: bool = False) -> Check:
     allowed = tuple(allowed)
 
     def fn(after: dict, before: dict | None) -> str | None:
         got = values(after, path)
-        return None if any(g in allowed for g in got) else f"{path} is {got or 'missing'}, expected one of {allowed}"
+        ok = _holds(got, lambda g: any(fhir_equal(g, a) for a in allowed), extras)
+        return None if ok else f"{path} is {got or 'missing'}, expected{_only(extras)} one of {allowed}"
     return Check(path, f"{path} in {allowed}", fn)
 
 
-def ref(path: str, target: str) -> Check:
-    """Some reference at ``path`` points to ``target`` (``Type/id``)."""
+def ref(path: str, target: str, extras: bool = False) -> Check:
+    """The reference at ``path`` points to ``target`` (``Type/id``); with ``extras``, one of them does."""
     want = ref_key(target)
 
     def fn(after: dict, before: dict | None) -> str | None:
         got = [ref_key(v) for v in values(after, path)]
-        return None if want in got else f"{path} references {[g for g in got if g] or 'nothing'}, expected {want}"
-    return Check(path, f"{path} → {want}", fn)
+        if _holds(got, lambda g: g == want, extras):
+            return None
+        return f"{path} references {[g for g in got if g] or 'nothing'}, expected{_only(extras)} {want}"
+    return Check(path, f"{path} → {want}", fn, kind="ref", want=want, extras=extras)
 
 
 def refs_exactly(path: str, targets: Iterable[str]) -> Check:
@@ -96,43 +122,60 @@ def refs_exactly(path: str, targets: Iterable[str]) -> Check:
         if got == want:
             return None
         return f"{path} references {sorted(got)}, expected exactly {sorted(want)}"
-    return Check(path, f"{path} → exactly {sorted(want)}", fn)
+    return Check(path, f"{path} → exactly {sorted(want)}", fn, kind="ref", want=sorted(want))
 
 
-def coded(path: str, system: str | None, code: str) -> Check:
-    """A Coding (at ``path`` or in the CodeableConcept there) with this system and code."""
+def _codings(concept: Any) -> list[dict]:
+    """The Codings of a CodeableConcept, or the Coding itself."""
+    if not isinstance(concept, dict):
+        return []
+    found = concept.get("coding", [concept]) if "coding" in concept else [concept]
+    return [c for c in found if isinstance(c, dict)]
+
+
+def coded(path: str, system: str | None, code: str, extras: bool = False) -> Check:
+    """The concept at ``path`` (a CodeableConcept or a Coding) is ``system|code``.
+
+    Strict: every concept at the path carries the coding and no other code of the same system (another
+    system's coding is a translation). With ``extras``, one concept carrying it is enough.
+    """
+    def means_it(concept: Any) -> bool:
+        codings = _codings(concept)
+        hit = [c for c in codings if c.get("code") == code and (system is None or c.get("system") == system)]
+        rivals = [c for c in codings if c.get("code") != code
+                  and (system is None or c.get("system") in (system, None))]
+        return bool(hit) and (extras or not rivals)
+
     def fn(after: dict, before: dict | None) -> str | None:
-        codings = []
-        for v in values(after, path):
-            if isinstance(v, dict):
-                codings.extend(v.get("coding", [v]) if "coding" in v else [v])
-        ok = any(c.get("code") == code and (system is None or c.get("system") == system)
-                 for c in codings if isinstance(c, dict))
-        if ok:
+        concepts = values(after, path)
+        if _holds(concepts, means_it, extras):
             return None
-        found = [f"{c.get('system')}|{c.get('code')}" for c in codings if isinstance(c, dict)]
-        return f"{path} has codes {found or 'none'}, expected {system}|{code}"
-    return Check(path, f"{path} coded {system}|{code}", fn)
+        found = [f"{c.get('system')}|{c.get('code')}" for v in concepts for c in _codings(v)]
+        return f"{path} has codes {found or 'none'}, expected{_only(extras)} {system}|{code}"
+    return Check(path, f"{path} coded {system}|{code}", fn, kind="coded", want=(system, code), extras=extras)
 
 
-def instant(path: str, expected: str, tolerance_s: float = 60) -> Check:
+def instant(path: str, expected: str, tolerance_s: float = 60, extras: bool = False) -> Check:
     want = parse_instant(expected)
 
+    def near(v: Any) -> bool:
+        got = parse_instant(v)
+        return got is not None and want is not None and abs((got - want).total_seconds()) < tolerance_s
+
     def fn(after: dict, before: dict | None) -> str | None:
-        for v in values(after, path):
-            got = parse_instant(v)
-            if got is not None and want is not None and abs((got - want).total_seconds()) < tolerance_s:
-                return None
-        return f"{path} is {values(after, path) or 'missing'}, expected {expected}"
+        got = values(after, path)
+        return None if _holds(got, near, extras) else f"{path} is {got or 'missing'}, expected{_only(extras)} {expected}"
     return Check(path, f"{path} at {expected}", fn)
 
 
-def on_day(path: str, expected: str) -> Check:
+def on_day(path: str, expected: str, extras: bool = False) -> Check:
     want = parse_day(expected)
 
     def fn(after: dict, before: dict | None) -> str | None:
-        got = [parse_day(v) for v in values(after, path)]
-        return None if want in got else f"{path} is {values(after, path) or 'missing'}, expected the day {expected}"
+        got = values(after, path)
+        if _holds(got, lambda v: parse_day(v) == want, extras):
+            return None
+        return f"{path} is {got or 'missing'}, expected{_only(extras)} the day {expected}"
     return Check(path, f"{path} on {expected}", fn)
 
 
@@ -161,10 +204,56 @@ def custom(path: str, describe: str, fn: CheckFn) -> Check:
     return Check(path, describe, fn)
 
 
+def _modifier_extensions(obj: Any, path: str = "") -> list[str]:
+    """Paths of every ``modifierExtension`` url in a resource."""
+    out: list[str] = []
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if k == "modifierExtension" and isinstance(v, list):
+                out += [f"{path}{k}[{e.get('url') if isinstance(e, dict) else e}]" for e in v]
+            else:
+                out += _modifier_extensions(v, f"{path}{k}.")
+    elif isinstance(obj, list):
+        for v in obj:
+            out += _modifier_extensions(v, path)
+    return out
+
+
+def _status_codes(value: Any) -> set[str]:
+    if isinstance(value, str):
+        return {value}
+    return {c.get("code") for c in _codings(value) if isinstance(c.get("code"), str)}
+
+
+def modifier_failures(after: dict, before: dict | None, checked: set[str]) -> list[str]:
+    """Modifiers on a written resource that contradict what the expectation asks for.
+
+    ``doNotPerform: true``, a status that cancels or negates (:data:`CANCELLING`), ``active: false`` and
+    any ``modifierExtension`` change the meaning of every other element; one the expectation does not
+    check and the before-state did not already carry is a contradiction.
+    """
+    before = before or {}
+    out = [f"modifierExtension {m} changes the meaning" for m in _modifier_extensions(after)
+           if m not in _modifier_extensions(before)]
+    if after.get("doNotPerform") is True and "doNotPerform" not in checked and before.get("doNotPerform") is not True:
+        out.append("doNotPerform: true makes it an order not to do it")
+    if after.get("active") is False and "active" not in checked and before.get("active") is not False:
+        out.append("active: false retires it")
+    for element in MODIFIER_STATUSES:
+        if element in checked:
+            continue
+        negating = (_status_codes(after.get(element)) - _status_codes(before.get(element))) & CANCELLING
+        if negating:
+            out.append(f"{element} {sorted(negating)} negates it")
+    return out
+
+
 @dataclass(frozen=True)
 class Expect:
     """One required change. ``preserve`` (updates): every top-level element not named by a check keeps
-    its prior value (an update that drops data is wrong even if the checked fields are right)."""
+    its prior value by FHIR type, ``text`` and ``meta`` (but for the server's ``versionId`` and
+    ``lastUpdated``) included: an update that drops or rewrites data is wrong even if the checked fields
+    are right."""
 
     op: str  # create | update | delete
     rtype: str
@@ -189,12 +278,12 @@ class Expect:
         if change.after is None:
             return []
         out = [r for c in self.checks if (r := c(change.after, change.before))]
+        touched = {c.path.split(".")[0] for c in self.checks}
+        out += [f"{change.key}: {r}" for r in modifier_failures(change.after, change.before, touched)]
         if self.op == "update" and self.preserve and change.before is not None:
-            touched = {c.path.split(".")[0] for c in self.checks}
-            for key in sorted(set(change.before) | set(change.after)):
-                if key in touched or key in IGNORED_ON_PRESERVE:
-                    continue
-                if change.before.get(key) != change.after.get(key):
+            before, after = content(change.before), content(change.after)
+            for key in sorted(set(before) | set(after)):
+                if key not in touched and not fhir_equal(before.get(key), after.get(key)):
                     out.append(f"{change.key}: {key} changed although the task does not ask for it")
         return out
 

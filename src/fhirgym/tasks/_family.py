@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import random
 import threading
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
@@ -22,7 +23,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-from ..fhir import FhirServer, InProcessClient, ServerConfig, Snapshot, Store
+from ..fhir import FhirError, FhirServer, InProcessClient, ServerConfig, Snapshot, Store
 from ..tools import FHIR_TOOLS, Toolbox, ToolCall, ToolContext
 from ..world import DEFAULT_ANCHOR, META_KEY
 from ._answer import AnswerSpec, render
@@ -54,10 +55,20 @@ class View:
     there (e.g. the list of practitioners) so that creating an instance stays in milliseconds.
     """
 
-    def __init__(self, world: TaskWorld, client: InProcessClient, now: datetime) -> None:
+    def __init__(self, world: TaskWorld, client: InProcessClient, now: datetime, seed: int = 0,
+                 family: str = "") -> None:
         self.world = world
         self.client = client
         self.now = now
+        self.seed = seed
+        self.family = family
+        self.attempt = 0  # the framework's redraw of this seed (sample returned None before)
+
+    def new_id(self, label: str) -> str:
+        """An id for a setup resource in the world's own form (a UUID v4), fixed by family, seed and
+        ``label``: nothing in it tells a planted target or distractor from the world's resources."""
+        bits = random.Random(f"setup-id|{self.family}|{self.seed}|{label}").getrandbits(128)
+        return str(uuid.UUID(int=bits, version=4))
 
     @property
     def anchor(self) -> date:
@@ -103,9 +114,10 @@ class TaskWorld:
         self.manifest = manifest
         self.anchor = date.fromisoformat(manifest["anchor"]) if manifest.get("anchor") else DEFAULT_ANCHOR
         self.lock = threading.Lock()
+        self._updated: datetime | None = None
         self._scratch: InProcessClient | None = None
         self._base: InProcessClient | None = None
-        self._now = datetime.now(UTC)
+        self.clock = datetime.now(UTC)  # the scratch server's clock
 
     def base_client(self) -> InProcessClient:
         """A client on the bare world, never written: what per-world caches are computed from."""
@@ -113,15 +125,27 @@ class TaskWorld:
             self._base = InProcessClient(FhirServer(self.snapshot.open(), self.spec, ServerConfig()), self.snapshot)
         return self._base
 
+    @property
+    def last_updated(self) -> datetime:
+        """The world's ``meta.lastUpdated`` (its latest): setup resources are written at this moment, so
+        neither their timestamps nor the (lastUpdated, id) search order set them apart."""
+        if self._updated is None:
+            newest = self.base_client().search("Patient", {"_sort": "-_lastUpdated", "_count": "1"}).body
+            stamp = newest["entry"][0]["resource"]["meta"]["lastUpdated"]
+            self._updated = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+        return self._updated
+
     def scratch(self, now: datetime) -> InProcessClient:
         """The world's one scratch store (reset, clock set to ``now``) where instances are prepared.
 
-        Reusing it saves opening and closing a connection per instance; callers hold ``self.lock``.
+        Reusing the store saves opening and closing a connection per instance; the server (microseconds) is
+        new, so its timestamps start from the clock and never from an earlier instance's writes. Callers
+        hold ``self.lock``.
         """
-        if self._scratch is None:
-            server = FhirServer(self.snapshot.open(), self.spec, ServerConfig(clock=lambda: self._now))
-            self._scratch = InProcessClient(server, self.snapshot)
-        self._now = now
+        store = self._scratch.server.store if self._scratch is not None else self.snapshot.open()
+        self._scratch = InProcessClient(FhirServer(store, self.spec, ServerConfig(clock=lambda: self.clock)),
+                                        self.snapshot)
+        self.clock = now
         self._scratch.reset()
         return self._scratch
 
@@ -138,7 +162,7 @@ class Family:
     """Base class of task families; subclasses set the class attributes and implement the hooks.
 
     Hooks: :meth:`sample` (params from the world, None if this draw does not fit), :meth:`prompt`,
-    :meth:`setup` (resources to add, with fixed ids), :meth:`gold` (answer + expected changes, from the
+    :meth:`setup` (resources to add, ids from ``view.new_id``), :meth:`gold` (answer + expected changes, from the
     pre-run state), :meth:`solve` (the reference solution, through the tools; returns the final text).
     """
 
@@ -166,6 +190,12 @@ class Family:
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         raise NotImplementedError
+
+    def distractor_probe(self, view: View, params: dict) -> bool | None:
+        """Families that plant distractors say, on the pre-run state, whether the first hit of the plain
+        search an agent starts with is one (None: this instance has no distractor). Issue 16 wants it so in
+        at least half of the instances that have one: a first-hit agent must not pass by luck."""
+        return None
 
     # -- helpers ---------------------------------------------------------------------------------
     def full_prompt(self, params: dict) -> str:
@@ -214,8 +244,12 @@ def get_family(task_id: str) -> Family:
 
 
 def frozen_now(anchor: date, rng: random.Random) -> datetime:
-    """A clock for an instance: a day from anchor-2 (Saturday) to anchor+4, any minute of the day."""
-    day = anchor + timedelta(days=rng.randint(-2, 4))
+    """A clock for an instance: a day of the anchor's week (Monday to Sunday), any minute of the day.
+
+    Never before the anchor: the world was last updated at its midnight, and no resource an agent sees
+    may have been updated after "now".
+    """
+    day = anchor + timedelta(days=rng.randint(0, 6))
     minute = rng.randrange(24 * 60)
     return datetime(day.year, day.month, day.day, minute // 60, minute % 60, tzinfo=UTC)
 
@@ -358,19 +392,27 @@ def make_instance(family: Family | str, seed: int, world: TaskWorld | str | Path
     now = frozen_now(tw.anchor, random.Random(f"now|{fam.id}|{seed}"))
     with tw.lock:
         client = tw.scratch(now)
-        view = View(tw, client, now)
+        view = View(tw, client, now, seed, fam.id)
         params = None
         for attempt in range(attempts):
+            view.attempt = attempt
             params = fam.sample(view, random.Random(f"{fam.id}|{seed}|{attempt}"))
             if params is not None:
                 break
         if params is None:
             raise TaskInfeasible(f"{fam.id}: no fitting entity for seed {seed} after {attempts} draws")
         setup = fam.setup(view, params)
-        for res in setup:
-            resp = view.client.update(res)
-            if resp.status not in (200, 201):
-                raise RuntimeError(f"{fam.id}: setup {res['resourceType']}/{res.get('id')} rejected: {resp.body}")
+        # one load, at the world's lastUpdated (never after "now"): every setup resource gets exactly the
+        # world's timestamp, which neither _lastUpdated nor the default (lastUpdated, id) order tells apart
+        tw.clock = tw.last_updated
+        try:
+            dangling = client.server.load(setup) if setup else []
+        except FhirError as err:
+            raise RuntimeError(f"{fam.id}: setup rejected: {err}") from err
+        finally:
+            tw.clock = now
+        if dangling:
+            raise RuntimeError(f"{fam.id}: setup references missing resources: {[i.diagnostics for i in dangling]}")
         gold = fam.gold(view, params)
         snapshot = client.server.store.snapshot() if setup else tw.snapshot
     return Instance(fam, seed, params, now, fam.full_prompt(params), setup, snapshot, gold, tw)

@@ -1,8 +1,17 @@
-"""Perturbed reference solutions: proof that strict validators reject near-misses.
+"""Perturbed reference solutions: proof that strict validators reject near-misses and accept rewrites.
 
-Each mutation runs a family's reference solution through a toolbox that corrupts its writes in one
-way a careless agent would: the wrong target entity, a required element left out, a wrong value, a
-write left out, or an extra unrelated write. A validator that still passes one of them is too loose.
+Each *wrong* mutation runs a family's reference solution through a toolbox that corrupts its writes
+(or its answer) in one way a careless or hostile agent would: the wrong target entity, a required
+element left out, a wrong value, a write left out, an extra unrelated write, a scratch resource
+created and deleted again, a wrong code next to the right one, a wrong target next to the right one,
+a modifier that negates the resource (``doNotPerform``, a cancelling status, ``active: false``), an
+unknown ``modifierExtension``, a rewritten narrative or an added security label on an update, an answer
+hedged between two candidates. A validator that passes one of them is too loose.
+
+Each *equivalent* mutation changes only the form: instants written with ``+00:00`` instead of ``Z``,
+decimals with a trailing ``.0``, an extra update that leaves a resource's content as it was, the answer
+with units, Reference objects, one-element lists or all-null fields for "nothing found". A validator
+that fails one of them is too strict.
 """
 
 from __future__ import annotations
@@ -12,7 +21,11 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import orjson
+
 from ..tools import Toolbox, ToolCall
+from ._answer import NOT_FOUND, AnswerSpec, render
+from ._expect import Check, ref_key, values
 from ._family import Instance, Verdict
 
 WRITES = ("createResource", "updateResource")
@@ -147,6 +160,175 @@ def _skip(box: Toolbox, name: str, args: dict) -> dict | None:
     return None
 
 
+def _checks(inst: Instance, rtype: str, kind: str) -> list[Check]:
+    """The strict checks of this kind on writes of ``rtype`` (the ones an added value must break)."""
+    return [c for e in inst.gold.expects if e.rtype == rtype for c in e.checks if c.kind == kind and not c.extras]
+
+
+#: Real codes of another meaning, per system: what an agent that codes two concepts at once adds.
+_RIVAL_CODES = {"http://snomed.info/sct": ("22298006", "38341003"), "http://loinc.org": ("2345-7", "718-7"),
+                "http://www.nlm.nih.gov/research/umls/rxnorm": ("197361", "310965"),
+                "http://hl7.org/fhir/sid/cvx": ("140", "08")}
+
+
+def _add_wrong_code(inst: Instance) -> Callable:
+    """Next to the right coding, a coding of another concept in the same system."""
+    def edit(box: Toolbox, name: str, args: dict) -> dict | None:
+        body = args.get("body") or {}
+        checks = sorted(_checks(inst, args.get("resourceType", ""), "coded"), key=lambda c: c.want[0] not in _RIVAL_CODES)
+        for check in checks:
+            system, code = check.want
+            for concept in values(body, check.path):
+                if system and isinstance(concept, dict) and isinstance(concept.get("coding"), list):
+                    rival = next(r for r in _RIVAL_CODES.get(system, (f"{code}0", f"{code}1")) if r != code)
+                    concept["coding"].append({"system": system, "code": rival})
+                    return args
+        return NA
+    return edit
+
+
+def _add_wrong_target(inst: Instance) -> Callable:
+    """Next to the right reference in a repeating element, one to another resource of the same type."""
+    def edit(box: Toolbox, name: str, args: dict) -> dict | None:
+        body = args.get("body") or {}
+        for check in _checks(inst, args.get("resourceType", ""), "ref"):
+            top = check.path.split(".")[0]
+            items = body.get(top)
+            want = check.want if isinstance(check.want, str) else (check.want or [None])[0]
+            if not isinstance(items, list) or not items or not want:
+                continue
+            rtype, rid = want.split("/", 1)
+            other = _other_id(box, rtype, rid)
+            clone = copy.deepcopy(items[0])
+            for path, value in _walk({"x": clone}):
+                if path.endswith("reference") and ref_key(value) and ref_key(value).split("/")[0] == rtype and other:
+                    _set({"x": clone}, path, f"{rtype}/{other}")
+                    items.append(clone)
+                    return args
+        return NA
+    return edit
+
+
+_DO_NOT_PERFORM = ("ServiceRequest", "MedicationRequest", "CommunicationRequest")
+_ACTIVE = ("Patient", "RelatedPerson", "Practitioner", "Organization", "Location", "PractitionerRole")
+
+
+def _flip_modifier(box: Toolbox, name: str, args: dict) -> dict | None:
+    """The same resource, negated by a modifier element: an order not to do it, a retired record, an error."""
+    body = args.get("body") or {}
+    rtype = args.get("resourceType", "")
+    if rtype in _DO_NOT_PERFORM:
+        body["doNotPerform"] = True
+    elif rtype in _ACTIVE:
+        body["active"] = False
+    elif "status" in body and body["status"] != "entered-in-error":
+        body["status"] = "entered-in-error"
+    else:
+        return NA
+    return args
+
+
+def _modifier_extension(box: Toolbox, name: str, args: dict) -> dict | None:
+    body = args.get("body") or {}
+    body["modifierExtension"] = [{"url": "http://example.org/fhir/StructureDefinition/reverses-meaning",
+                                  "valueBoolean": True}]
+    return args
+
+
+def _rewrite_narrative(box: Toolbox, name: str, args: dict) -> dict | None:
+    """An update that also rewrites the narrative (nothing asked it to)."""
+    if name != "updateResource":
+        return NA
+    args["body"]["text"] = {"status": "generated",
+                            "div": '<div xmlns="http://www.w3.org/1999/xhtml"><p>Reviewed, nothing to add.</p></div>'}
+    return args
+
+
+def _add_security_label(box: Toolbox, name: str, args: dict) -> dict | None:
+    """An update that also restricts who may see the record."""
+    if name != "updateResource":
+        return NA
+    meta = args["body"].setdefault("meta", {})
+    meta["security"] = [*meta.get("security", []), {
+        "system": "http://terminology.hl7.org/CodeSystem/v3-Confidentiality", "code": "R"}]
+    return args
+
+
+_INSTANT = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2}(\.\d+)?)?)Z$")
+
+
+def _reserialised(obj):
+    """The same content in another valid form: instants with ``+00:00``, Quantity values as decimals."""
+    if isinstance(obj, dict):
+        out = {k: _reserialised(v) for k, v in reversed(obj.items())}
+        if type(out.get("value")) is int and ("unit" in out or "code" in out):
+            out["value"] = float(out["value"])
+        return out
+    if isinstance(obj, list):
+        return [_reserialised(v) for v in obj]
+    if isinstance(obj, str) and (m := _INSTANT.match(obj)):
+        return m.group(1) + "+00:00"
+    return obj
+
+
+def _equivalent_writes(box: Toolbox, name: str, args: dict) -> dict | None:
+    new = _reserialised(args.get("body") or {})
+    if new == args.get("body"):
+        return NA
+    args["body"] = new
+    return args
+
+
+def _hedged(spec: AnswerSpec, gold) -> str:
+    """An answer that names the gold and a second candidate for one field (or says both "nothing" and a value)."""
+    if gold is NOT_FOUND:
+        f = spec.fields[0]
+        return '<answer>{"found": false, "' + f.name + '": ' + orjson.dumps(_other(f.kind, None)).decode() + "}</answer>"
+    shown = render(gold)
+    f = spec.fields[0]
+    value = shown[f.name][0] if isinstance(shown[f.name], list) and f.kind != "ids" else shown[f.name]
+    if f.kind == "ids":
+        hedge = [*value, "Resource/another-candidate"] if value else ["a", "b"]
+    elif f.kind in ("id", "text"):
+        hedge = f"{value}, {_other(f.kind, value)}"
+    elif f.kind in ("int", "number"):
+        hedge = f"{value} or {_other(f.kind, value)}"
+    else:
+        hedge = [value, _other(f.kind, value)]
+    return "<answer>" + orjson.dumps({**shown, f.name: hedge}).decode() + "</answer>"
+
+
+def _other(kind: str, value):
+    if kind in ("int", "number"):
+        return (value or 0) + 3
+    if kind == "bool":
+        return not value
+    if kind in ("date", "datetime"):
+        return "1999-01-01" if kind == "date" else "1999-01-01T00:00:00Z"
+    return f"Resource/other-{value}" if kind == "id" else f"{value} or something else"
+
+
+def _equivalent_answer(spec: AnswerSpec, gold) -> str:
+    """The gold answer in other accepted forms: all-null for "nothing found", one-element lists, ids as
+    Reference objects, numbers with a unit, instants with ``+00:00``."""
+    if gold is NOT_FOUND:
+        return "<answer>" + orjson.dumps({f.name: None for f in spec.fields}).decode() + "</answer>"
+    shown = render(gold)
+    out = {}
+    for f in spec.fields:
+        value = shown[f.name]
+        if isinstance(value, list) and f.kind != "ids":
+            value = value[0]
+        if f.kind == "id":
+            value = {"reference": f"Resource/{value}"}
+        elif f.kind in ("int", "number"):
+            value = f"{value} units"
+        elif f.kind == "datetime" and isinstance(value, str):
+            value = value.replace("Z", "+00:00")
+        out[f.name.upper()] = value if f.kind in ("id", "ids", "int", "number") else [value]
+    return "<answer>" + orjson.dumps(out).decode() + "</answer>"
+
+
 @dataclass
 class Outcome:
     mutation: str
@@ -158,25 +340,65 @@ class Outcome:
         return self.verdict is not None and not self.verdict.success
 
 
-MUTATIONS = ("wrong_target", "drop_field", "wrong_value", "skip_write", "extra_write")
+#: Wrong solutions: every applied one must fail strict validation.
+MUTATIONS = ("wrong_target", "drop_field", "wrong_value", "skip_write", "extra_write", "transient_write",
+             "add_wrong_code", "add_wrong_target", "flip_modifier", "modifier_extension", "rewrite_narrative",
+             "add_security_label", "hedged_answer")
+#: Right solutions in another form: every applied one must pass strict validation.
+EQUIVALENTS = ("equivalent_writes", "identical_update", "equivalent_answer")
+
+
+def _edit(inst: Instance, mutation: str) -> Callable | None:
+    return {"wrong_target": _retarget, "drop_field": _drop(inst), "wrong_value": _wrong_value(inst),
+            "skip_write": _skip, "add_wrong_code": _add_wrong_code(inst), "add_wrong_target": _add_wrong_target(inst),
+            "flip_modifier": _flip_modifier, "modifier_extension": _modifier_extension,
+            "rewrite_narrative": _rewrite_narrative, "add_security_label": _add_security_label,
+            "equivalent_writes": _equivalent_writes}.get(mutation)
 
 
 def run_mutation(inst: Instance, mutation: str) -> Outcome:
     """Run the reference solution of ``inst`` perturbed by ``mutation`` and validate the result."""
+    spec, gold = inst.family.answer, inst.gold.answer
     with inst.open() as ep:
         inner = ep.toolbox()
+        edit = _edit(inst, mutation)
+        if edit is not None:
+            box = _Mutating(inner, edit, target=0 if mutation != "skip_write" else _last_write(inst))
+            text = inst.family.solve(box, inst.params, inst.now)
+            return Outcome(mutation, True, ep.finish(text)) if box.applied else Outcome(mutation, False, None)
+        if mutation in ("hedged_answer", "equivalent_answer"):
+            if spec is None or gold is None:
+                return Outcome(mutation, False, None)
+            inst.family.solve(inner, inst.params, inst.now)
+            text = (_hedged if mutation == "hedged_answer" else _equivalent_answer)(spec, gold)
+            return Outcome(mutation, True, ep.finish(text))
+        if mutation == "identical_update" and not inst.family.writes:
+            return Outcome(mutation, False, None)
+        text = inst.family.solve(inner, inst.params, inst.now)
         if mutation == "extra_write":
-            text = inst.family.solve(inner, inst.params, inst.now)
             inner.call("createResource", {"resourceType": "Basic", "body": {
                 "resourceType": "Basic", "code": {"text": "unrelated note written by a careless agent"}}})
-            return Outcome(mutation, True, ep.finish(text))
-        edit = {"wrong_target": _retarget, "drop_field": _drop(inst), "wrong_value": _wrong_value(inst),
-                "skip_write": _skip}[mutation]
-        box = _Mutating(inner, edit, target=0 if mutation != "skip_write" else _last_write(inst))
-        text = inst.family.solve(box, inst.params, inst.now)
-        if not box.applied:
-            return Outcome(mutation, False, None)
+        elif mutation == "transient_write":
+            made = inner.call("createResource", {"resourceType": "Basic", "body": {
+                "resourceType": "Basic", "code": {"text": "scratch note, deleted right away"}}}).output or {}
+            inner.call("deleteResource", {"resourceType": "Basic", "resourceId": made.get("id", "")})
+        elif mutation == "identical_update":
+            patient = _patient_of(inst)
+            current = ep.client.read("Patient", patient).body if patient else None
+            if not current:
+                return Outcome(mutation, False, None)
+            inner.call("updateResource", {"resourceType": "Patient", "resourceId": patient,
+                                          "body": _reserialised({k: v for k, v in current.items() if k != "meta"}
+                                                                | {"meta": current.get("meta", {})})})
         return Outcome(mutation, True, ep.finish(text))
+
+
+def _patient_of(inst: Instance) -> str | None:
+    """The patient an instance is about (a resource the agent has every reason to read and rewrite)."""
+    for key in ("patient_id", "pid"):
+        if isinstance(inst.params.get(key), str):
+            return inst.params[key]
+    return None
 
 
 def _last_write(inst: Instance) -> int:

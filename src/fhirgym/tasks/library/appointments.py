@@ -25,7 +25,6 @@ and its gold reads that booking from its params.
 from __future__ import annotations
 
 import random
-import uuid
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -37,7 +36,7 @@ from ...tools import Toolbox
 from .._answer import parse_instant
 from .._expect import Check, Expect, coded, custom, eq, on_day, ref, ref_key, refs_exactly
 from .._family import Family, Gold, View, register
-from ._common import SNOMED, full_name, human_date, official_name
+from ._common import SNOMED, deal, full_name, human_date, official_name
 
 T = TypeVar("T")
 CANCEL_REASON = "http://terminology.hl7.org/CodeSystem/appointment-cancellation-reason"
@@ -50,7 +49,6 @@ PATIENT_REASONS = (("pat-fb", "Patient: Feeling Better"), ("pat-lt", "Patient: L
                    ("pat-cpp", "Patient: Canceled via Patient Portal"))
 MARGIN = timedelta(hours=1)  # no booking a task hinges on lies within an hour of now
 SOON = timedelta(minutes=15)  # a free slot starting sooner than this is not clearly "still ahead"
-STAGED = uuid.UUID("5f0c2f7e-9a51-4d2e-8c1b-3a7e4b6d9c10")  # namespace of staged Appointment ids
 
 BOOKED_SHAPE = ("Record it as an Appointment with status booked that references the slot, with the "
                 "slot's start and end, and with the patient and the doctor as participants, both with "
@@ -292,12 +290,11 @@ def _pick_patient(w: _World, rng: random.Random, fits: Callable[[dict], bool], d
     return None
 
 
-def _prefer(rng: random.Random, options: list[tuple[T, int]]) -> T | None:
-    """An option whose patient has other upcoming appointments too (the distractors) if there is one, else
-    any option (the smallest worlds, late in the week)."""
+def _prefer(view: View, options: list[tuple[T, int]]) -> T | None:
+    """An option whose patient has other upcoming appointments too (the distractors) if there are enough of
+    them to vary the gold, else any option; dealt by seed (no option is the gold of many seeds)."""
     rich = [o for o, n in options if n >= 2]
-    pool = rich or [o for o, _ in options]
-    return rng.choice(pool) if pool else None
+    return deal(view, rich if len(rich) >= 4 else [o for o, _ in options])
 
 
 def _usable_doctors(w: _World) -> list[dict]:
@@ -614,7 +611,7 @@ class CancelNearestAppointment(Family):
         w = _world(view)
         options = [(p, len(up)) for pid, p in sorted(w.patients.items())
                    if (up := _upcoming(w, pid, view.now))]
-        p = _prefer(rng, options)
+        p = _prefer(view, options)
         if p is None:
             return None
         return {**_patient_params(p), "reason": list(rng.choice(PATIENT_REASONS))}
@@ -655,7 +652,7 @@ class CancelWithProvider(Family):
             up = _upcoming(w, pid, view.now) or []
             docs = [a.doctor for a in up]
             options += [(a, len(up)) for a in up if a.doctor in w.doctors and docs.count(a.doctor) == 1]
-        a = _prefer(rng, options)
+        a = _prefer(view, options)
         if a is None or a.patient is None or a.doctor is None:
             return None
         return {**_patient_params(w.patients[a.patient]), **_doctor_params(w.doctors[a.doctor]),
@@ -700,7 +697,7 @@ class CancelMondayAppointment(Family):
             up = _upcoming(w, pid, view.now)
             if up and sum(a.at.weekday() == 0 for a in up if a.at) == 1:
                 options.append((p, len(up)))
-        p = _prefer(rng, options)
+        p = _prefer(view, options)
         return _patient_params(p) if p else None
 
     def prompt(self, params: dict) -> str:
@@ -787,7 +784,7 @@ class AddToWaitlist(Family):
             who = (_participants(patient, f"Practitioner/{params['doc_id']}", False, new=True),)
         return Gold(expects=[Expect("create", "Appointment", checks=(
             eq("status", "waitlist"), on_day("requestedPeriod.start", params["start"]),
-            on_day("requestedPeriod.end", params["end"]), ref("participant.actor", patient), *who,
+            on_day("requestedPeriod.end", params["end"]), ref("participant.actor", patient, extras=True), *who,
             _absent("slot", "start", "end")))])
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
@@ -840,7 +837,7 @@ class WaitlistToSlot(Family):
         options = [a for a in _waitlisted(w) if _window_slot(w, a, view.now)]
         if not options:
             return None
-        a = rng.choice(options)
+        a = deal(view, options)  # by seed: no option is the gold of many seeds
         assert a.patient is not None and a.doctor is not None
         return {**_patient_params(w.patients[a.patient]), **_doctor_params(w.doctors[a.doctor]),
                 "appointment_id": a.id}
@@ -899,7 +896,7 @@ class RemoveFromWaitlist(Family):
         options = _waitlisted(w)
         if not options:
             return None
-        a = rng.choice(options)
+        a = deal(view, options)  # by seed: no option is the gold of many seeds
         assert a.patient is not None and a.doctor is not None
         return {**_patient_params(w.patients[a.patient]), **_doctor_params(w.doctors[a.doctor]),
                 "appointment_id": a.id}
@@ -970,7 +967,7 @@ class RescheduleNextMonday(Family):
                    and self._fits(w, w.doctors[a.doctor]["schedule"], a.start, a.patient, view.now)]
         if not options:
             return self._staged(w, view, rng)
-        a = rng.choice(options)
+        a = deal(view, options)  # by seed: no option is the gold of many seeds
         assert a.patient and a.doctor and a.start
         return {**_patient_params(w.patients[a.patient]), **_doctor_params(w.doctors[a.doctor]),
                 "appointment_id": a.id, "day": a.start[:10], "monday_phrase": phrase}
@@ -995,7 +992,7 @@ class RescheduleNextMonday(Family):
         p = _pick_patient(w, rng, lambda p: not days & w.holding_days[p["id"]], d, view.now.date())
         if p is None:
             return None
-        return {**_patient_params(p), **_doctor_params(d), "appointment_id": str(uuid.uuid5(STAGED, old.id)),
+        return {**_patient_params(p), **_doctor_params(d), "appointment_id": view.new_id(f"appointment-{old.id}"),
                 "staged_slot": old.id, "day": old.start[:10], "monday_phrase": phrase}
 
     def setup(self, view: View, params: dict) -> list[dict]:
@@ -1089,7 +1086,7 @@ class RescheduleOtherProvider(Family):
                 options.append(a)
         if not options:
             return None
-        a = rng.choice(options)
+        a = deal(view, options)  # by seed: no option is the gold of many seeds
         assert a.patient and a.doctor
         d = w.doctors[a.doctor]
         return {**_patient_params(w.patients[a.patient]), **_doctor_params(d), "appointment_id": a.id,

@@ -17,7 +17,7 @@ from ...world import EMPLOYERS, INSURERS
 from .._answer import NOT_FOUND, AnswerSpec, Field
 from .._expect import Check, Expect, coded, custom, eq, on_day, ref, ref_key, refs_exactly
 from .._family import Family, Gold, View, register
-from ._common import full_name, human_date, living_patients, official_name, pick
+from ._common import EitherWay, deal, full_name, human_date, living_patients, official_name, pick
 from .records import (
     READ_ONLY,
     ROLE_CODE,
@@ -250,7 +250,7 @@ class AddCoverage(Family):
 COVERAGE_ANSWER = AnswerSpec((
     Field("payer", "text", "the insurance company's name"),
     Field("member_id", "text", "the member (subscriber) ID of that coverage"),
-), none_allowed=True)
+))
 
 
 def _coverage_prompt(params: dict) -> str:
@@ -298,10 +298,9 @@ class FindCoverage(Family):
     answer = COVERAGE_ANSWER
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
-        tricky = candidates(view, "one_primary_among_others", lambda v, q: _one_primary(v, q) and len(
-            billing_facts(v)["coverage"][q["id"]]) > 1)  # cancelled, entered-in-error or secondary beside it
-        p = pick(rng, tricky) if tricky and rng.random() < 0.5 else pick(rng, candidates(view, "one_primary",
-                                                                                         _one_primary))
+        # dealt by seed among every patient with one primary coverage (many with cancelled, entered-in-error
+        # or secondary ones beside it), so no patient's coverage is the gold of many seeds
+        p = deal(view, candidates(view, "one_primary", _one_primary))
         if p is None:
             return None
         return {"patient_id": p["id"], "name": full_name(p), "birth_date": p["birthDate"], "gender": p.get("gender"),
@@ -327,20 +326,21 @@ class FindCoverage(Family):
 
 
 @register
-class NoCoverage(Family):
+class NoCoverage(EitherWay):
     """An uninsured patient, sometimes with a lapsed (cancelled) old coverage or an insured namesake."""
 
     id = "billing.no_coverage"
-    title = "Report that a patient has no active coverage"
+    title = "Payer and member ID of the active coverage, or report that there is none (lapsed coverage)"
     category = "billing"
     difficulty = 2
     writes = False
     resource_types = ("Patient", "Coverage")
     sequences = (("searchResources", "searchResources"),)
     prohibited_tools = READ_ONLY
-    answer = COVERAGE_ANSWER
+    answer = AnswerSpec(COVERAGE_ANSWER.fields, none_allowed=True)
+    found = FindCoverage
 
-    def sample(self, view: View, rng: random.Random) -> dict | None:
+    def sample_none(self, view: View, rng: random.Random) -> dict | None:
         p = pick(rng, candidates(view, "uninsured", _uninsured))
         if p is None:
             return None
@@ -352,12 +352,12 @@ class NoCoverage(Family):
                 "start": end.replace(year=end.year - rng.randint(1, 4), day=1).isoformat(),
                 "member": f"{MEMBER_PREFIX[ins.name]}{rng.randint(10**7, 10**8 - 1)}"}
 
-    def setup(self, view: View, params: dict) -> list[dict]:
+    def setup_none(self, view: View, params: dict) -> list[dict]:
         if not params["lapsed"]:
             return []
         pref = {"reference": f"Patient/{params['patient_id']}", "display": params["name"]}
         return [{
-            "resourceType": "Coverage", "id": "billing-lapsed-coverage", "status": "cancelled",
+            "resourceType": "Coverage", "id": view.new_id("lapsed-coverage"), "status": "cancelled",
             "identifier": [{"type": {"coding": [{"system": "http://terminology.hl7.org/CodeSystem/v2-0203",
                                                  "code": "MB"}]}, "value": params["member"]}],
             "subscriber": pref, "subscriberId": params["member"], "beneficiary": pref,
@@ -372,9 +372,9 @@ class NoCoverage(Family):
     def prompt(self, params: dict) -> str:
         return _coverage_prompt(params)
 
-    def gold(self, view: View, params: dict) -> Gold:
+    def gold_none(self, view: View, params: dict) -> Gold:
         pid = unique_patient(view, params["name"], params["birth_date"])["id"]
-        added = [r for r in self.setup(view, params) if _ref_id(r.get("beneficiary")) == pid]
+        added = [r for r in self.setup_none(view, params) if _ref_id(r.get("beneficiary")) == pid]
         assert not _active(billing_facts(view)["coverage"].get(pid, []) + added), params
         return Gold(answer=NOT_FOUND)
 
@@ -642,15 +642,14 @@ class SetGuarantor(Family):
             "subject": f"Patient/{patient['id']}", "_elements": "id"}}).output or {}
         account_id = found["resources"][0]["id"]
         account = tools.call("getResourceById", {"resourceType": "Account", "resourceId": account_id}).output or {}
-        account = {k: v for k, v in account.items() if k != "meta"}
+        account = dict(account)  # meta too: tags, labels and profiles are kept
         account["guarantor"] = [{"party": {"reference": f"RelatedPerson/{rp['id']}", "display": params["rp_name"]},
                                  "onHold": False, "period": {"start": now.date().isoformat()}}]
         tools.call("updateResource", {"resourceType": "Account", "resourceId": account_id, "body": account})
         return f"{params['rp_name']} is now the guarantor."
 
 
-GUARANTOR_ANSWER = AnswerSpec((Field("guarantor", "text", "the full name of the account's guarantor"),),
-                              none_allowed=True)
+GUARANTOR_ANSWER = AnswerSpec((Field("guarantor", "text", "the full name of the account's guarantor"),))
 
 
 def _guarantor_prompt(params: dict) -> str:
@@ -683,12 +682,11 @@ class FindGuarantor(Family):
     answer = GUARANTOR_ANSWER
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
-        p = pick(rng, _account_holders(view))
+        p = deal(view, view.cached("billing.one_guarantor", lambda: [
+            q for q in _account_holders(view) if len((_only_account(view, q) or {}).get("guarantor", [None, None])) == 1]))
         if p is None:
             return None
         account = _only_account(view, p)
-        if account is None or len(account.get("guarantor", [])) != 1:
-            return None
         return {"patient_id": p["id"], "name": full_name(p), "birth_date": p["birthDate"], "gender": p.get("gender"),
                 "party": ref_key(account["guarantor"][0].get("party"))}
 
@@ -718,20 +716,21 @@ class FindGuarantor(Family):
 
 
 @register
-class NoGuarantor(Family):
+class NoGuarantor(EitherWay):
     """The account has no guarantor, although the patient has a relative on file who might look like one."""
 
     id = "billing.no_guarantor"
-    title = "Report that a patient's Account has no guarantor"
+    title = "Guarantor of a patient's Account, or report that it has none (relatives on file)"
     category = "billing"
     difficulty = 2
     writes = False
     resource_types = ("Patient", "Account")
     sequences = (("searchResources", "searchResources"),)
     prohibited_tools = READ_ONLY
-    answer = GUARANTOR_ANSWER
+    answer = AnswerSpec(GUARANTOR_ANSWER.fields, none_allowed=True)
+    found = FindGuarantor
 
-    def sample(self, view: View, rng: random.Random) -> dict | None:
+    def sample_none(self, view: View, rng: random.Random) -> dict | None:
         p = pick(rng, _account_holders(view))
         if p is None:
             return None
@@ -745,7 +744,7 @@ class NoGuarantor(Family):
     def prompt(self, params: dict) -> str:
         return _guarantor_prompt(params)
 
-    def gold(self, view: View, params: dict) -> Gold:
+    def gold_none(self, view: View, params: dict) -> Gold:
         account = _gold_account(view, params)
         assert not [g for g in account.get("guarantor", []) if g.get("party")], params
         return Gold(answer=NOT_FOUND)

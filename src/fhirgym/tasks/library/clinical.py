@@ -8,7 +8,7 @@ year old, conditional potassium replacement with a next-morning lab, a specialis
 note, stopping a prescription, a new prescription, an allergy, an immunization given today and
 voiding a mis-charted observation.
 
-Labs near the frozen ``now`` are added by each instance's setup (fixed ids ``clin-…``, at most two
+Labs near the frozen ``now`` are added by each instance's setup (ids of the world's form from ``view.new_id``, at most two
 resources, since every setup write costs about a millisecond), so every branch occurs in every world;
 setups mix in the world's kinds of ambiguity (entered-in-error results with a decimal slip placed
 after the real one, older results on the other side of a threshold). Questions about the past (last
@@ -36,7 +36,18 @@ from ...tools import Toolbox
 from .._answer import NOT_FOUND, AnswerSpec, Field
 from .._expect import Check, Expect, coded, custom, eq, instant, on_day, ref, values
 from .._family import Family, Gold, View, register
-from ._common import LOINC, RXNORM, SNOMED, UCUM, human_date, official_name, pick
+from ._common import (
+    LOINC,
+    RXNORM,
+    SNOMED,
+    UCUM,
+    deal,
+    deal_by_gold,
+    human_date,
+    negative_seed,
+    official_name,
+    pick,
+)
 
 READ_ONLY = ("createResource", "updateResource", "deleteResource")
 MRN_SYSTEM = "http://hospital.smarthealthit.org"
@@ -313,11 +324,22 @@ def _observation(rid: str, pid: str, code: str, display: str, value: float, unit
     return obs
 
 
-def _draw_resources(prefix: str, pid: str, code: str, draws: list[list], now: datetime) -> list[dict]:
+def _draw_resources(view: View, prefix: str, pid: str, code: str, draws: list[list]) -> list[dict]:
     display, _, unit, *_ = LABS[code]
-    return [_observation(f"clin-{prefix}-{n}", pid, code, display, value, unit,
+    now = view.now
+    return [_observation(view.new_id(f"{prefix}-{n}"), pid, code, display, value, unit,
                          now - timedelta(minutes=minutes), status)
             for n, (minutes, value, status) in enumerate(draws, 1)]
+
+
+def _voided_first(view: View, pid: str, codes: tuple[str, ...]) -> bool | None:
+    """The distractor probe of the lab questions: None when no entered-in-error copy of these labs is on the
+    chart, else whether the newest result (the first hit of ``Observation?patient&code&_sort=-date``) is one."""
+    hits = view.search("Observation", {"patient": f"Patient/{pid}", "code": ",".join(f"{LOINC}|{c}" for c in codes),
+                                       "_sort": "-date", "_elements": "status"})
+    if not any(o.get("status") == "entered-in-error" for o in hits):
+        return None
+    return hits[0].get("status") == "entered-in-error"
 
 
 def _all_results(view: View, pid: str, code: str, draws: list[list]) -> list[tuple]:
@@ -444,7 +466,7 @@ class PatientByMrn(_Clinical):
     answer = AnswerSpec((Field("patient_id", "id", "the Patient resource id"),), none_allowed=True)
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
-        if rng.random() < 0.25:
+        if negative_seed(view):
             taken = _all_mrns(view)
             mrn = str(rng.randint(1_000_000, 9_999_999))
             return None if mrn in taken else {"mrn": mrn}
@@ -545,7 +567,7 @@ class LabLast24h(_Clinical):
         person = pick(rng, _adults(view))
         if not _quiet_since(view, person["pid"], RELATED.get(code, (code,)), view.now - timedelta(days=5)):
             return None
-        if rng.random() < 0.65:  # a result inside the window, often shadowed by a newer entered-in-error copy
+        if not negative_seed(view):  # a result inside the window, often shadowed by a newer entered-in-error copy
             recent, value = rng.randint(30, 22 * 60), _lab_value(rng, code)
             draws = [[recent, value, "final"]]
             other = rng.random()
@@ -566,12 +588,15 @@ class LabLast24h(_Clinical):
                 f"24 hours? Give the value in {unit}.")
 
     def setup(self, view: View, params: dict) -> list[dict]:
-        return _draw_resources("lab", params["pid"], params["code"], params["draws"], view.now)
+        return _draw_resources(view, "lab", params["pid"], params["code"], params["draws"])
 
     def gold(self, view: View, params: dict) -> Gold:
         rows = _all_results(view, params["pid"], params["code"], params["draws"])
         latest = _latest_valid(rows, view.now, since=view.now - timedelta(hours=24))
         return Gold(answer={"value": latest[2]} if latest else NOT_FOUND)
+
+    def distractor_probe(self, view: View, params: dict) -> bool | None:
+        return _voided_first(view, params["pid"], (params["code"],))
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
@@ -651,16 +676,21 @@ class LatestGlucose(_Clinical):
                          Field("taken", "datetime", "when it was taken")), none_allowed=True)
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
-        person = pick(rng, _people(view))
+        none = negative_seed(view)  # patients without a result make the "none on file" branch
+        person = pick(rng, [p for p in _people(view) if self._untested(view, p) == none])
+        if person is None:
+            return None
         rows = _world_results(view, person["pid"], GLUCOSE)
         if not _quiet_since(view, person["pid"], GLUCOSE, view.now - timedelta(hours=2)):
             return None
         valid = [r for r in rows if r[1] in VALID and r[2] is not None]
-        if not valid and rng.random() < 0.75:
-            return None  # mostly patients with a result; those without make the "none on file" branch
         if len(valid) > 1 and valid[-1][0] == valid[-2][0]:
             return None
         return _patient_params(person, rng)
+
+    @staticmethod
+    def _untested(view: View, person: dict) -> bool:
+        return not any(r[1] in VALID and r[2] is not None for r in _world_results(view, person["pid"], GLUCOSE))
 
     def prompt(self, params: dict) -> str:
         return (f"What was the most recent glucose result (LOINC 2339-0 or 2345-7) of {_who(params)}, "
@@ -670,6 +700,9 @@ class LatestGlucose(_Clinical):
         rows = [r[:3] for r in _world_results(view, params["pid"], GLUCOSE)]
         latest = _latest_valid(rows, view.now)
         return Gold(answer={"value": latest[2], "taken": latest[0]} if latest else NOT_FOUND)
+
+    def distractor_probe(self, view: View, params: dict) -> bool | None:
+        return _voided_first(view, params["pid"], GLUCOSE)
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
@@ -699,8 +732,9 @@ class LastHba1c(_Clinical):
         tested = view.cached("clin_a1c_tested", lambda: [
             p for p in _people(view)
             if any(r[1] in VALID for r in _world_results(view, p["pid"], ("4548-4",)))])
-        want = rng.random() < 0.7
-        person = pick(rng, tested if want and tested else _people(view))
+        want = not negative_seed(view)
+        untested = [p for p in _people(view) if p not in tested]
+        person = pick(rng, tested if want and tested else untested if not want and untested else _people(view))
         if not _quiet_since(view, person["pid"], ("4548-4",), view.now - timedelta(days=1)):
             return None
         has = person in tested
@@ -715,7 +749,7 @@ class LastHba1c(_Clinical):
         return {**_patient_params(person, rng), "draws": draws}
 
     def setup(self, view: View, params: dict) -> list[dict]:
-        return _draw_resources("a1c", params["pid"], "4548-4", params["draws"], view.now)
+        return _draw_resources(view, "a1c", params["pid"], "4548-4", params["draws"])
 
     def prompt(self, params: dict) -> str:
         return (f"What was the last hemoglobin A1c (LOINC 4548-4) of {_who(params)}, and on what date was "
@@ -724,6 +758,9 @@ class LastHba1c(_Clinical):
     def gold(self, view: View, params: dict) -> Gold:
         latest = _latest_valid(_all_results(view, params["pid"], "4548-4", params["draws"]), view.now)
         return Gold(answer={"value": latest[2], "date": latest[0].date()} if latest else NOT_FOUND)
+
+    def distractor_probe(self, view: View, params: dict) -> bool | None:
+        return _voided_first(view, params["pid"], ("4548-4",))
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
@@ -748,13 +785,13 @@ class ActiveMedicationCount(_Clinical):
     answer = AnswerSpec((Field("count", "int", "how many distinct drugs (RxNorm codes)"),))
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
-        person = pick(rng, _people(view))
-        requests = _med_requests(view).get(person["pid"], [])
-        if any(_ts(r["authored"]) > view.now - timedelta(days=1) for r in requests if r["authored"]):
-            return None
-        if not any(r["status"] == "active" for r in requests) and rng.random() < 0.8:
-            return None
-        return _patient_params(person, rng)
+        candidates = []  # (count, person): the counts are dealt by seed, so no count is the gold of many seeds
+        for person in _people(view):
+            requests = _med_requests(view).get(person["pid"], [])
+            if not any(_ts(r["authored"]) > view.now - timedelta(days=1) for r in requests if r["authored"]):
+                candidates.append((len({r["code"] for r in requests if r["status"] == "active"}), person))
+        person = deal_by_gold(view, rng, candidates)
+        return None if person is None else _patient_params(person, rng)
 
     def prompt(self, params: dict) -> str:
         return (f"How many different drugs does {_who(params)} currently have an active prescription for? "
@@ -1020,7 +1057,7 @@ class _Magnesium(_Clinical):
                 "mg/dL, 1 g. If it is 1.8 mg/dL or higher, do not order anything.")
 
     def setup(self, view: View, params: dict) -> list[dict]:
-        return _draw_resources("mg", params["pid"], "19123-9", params["draws"], view.now)
+        return _draw_resources(view, "mg", params["pid"], "19123-9", params["draws"])
 
     def gold(self, view: View, params: dict) -> Gold:
         rows = _all_results(view, params["pid"], "19123-9", params["draws"])
@@ -1037,6 +1074,9 @@ class _Magnesium(_Clinical):
                 _unit_is("dosageInstruction.doseAndRate.doseQuantity", "g"),
                 coded("dosageInstruction.route", SNOMED, IV_ROUTE[0]))))
         return Gold(answer={"magnesium": latest[2], "ordered": low}, expects=expects)
+
+    def distractor_probe(self, view: View, params: dict) -> bool | None:
+        return _voided_first(view, params["pid"], ("19123-9",))
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
@@ -1108,7 +1148,7 @@ class _Hba1c(_Clinical):
                 "the past year, do not order anything.")
 
     def setup(self, view: View, params: dict) -> list[dict]:
-        return _draw_resources("a1c", params["pid"], "4548-4", params["draws"], view.now)
+        return _draw_resources(view, "a1c", params["pid"], "4548-4", params["draws"])
 
     def gold(self, view: View, params: dict) -> Gold:
         latest = _latest_valid(_all_results(view, params["pid"], "4548-4", params["draws"]), view.now)
@@ -1121,6 +1161,9 @@ class _Hba1c(_Clinical):
                 ref("subject", f"Patient/{params['pid']}"), coded("code", LOINC, "4548-4"),
                 eq("status", "active"), eq("intent", "order"), eq("priority", "routine"))))
         return Gold(answer={"hba1c": latest[2], "date": latest[0].date(), "ordered": due}, expects=expects)
+
+    def distractor_probe(self, view: View, params: dict) -> bool | None:
+        return _voided_first(view, params["pid"], ("4548-4",))
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
@@ -1197,7 +1240,7 @@ class PotassiumReplacement(_Clinical):
                 "tomorrow at 08:00 UTC.")
 
     def setup(self, view: View, params: dict) -> list[dict]:
-        return _draw_resources("k", params["pid"], "2823-3", params["draws"], view.now)
+        return _draw_resources(view, "k", params["pid"], "2823-3", params["draws"])
 
     @staticmethod
     def dose(value: float) -> int:
@@ -1224,6 +1267,9 @@ class PotassiumReplacement(_Clinical):
                 _unit_is("dosageInstruction.doseAndRate.doseQuantity", "meq"),
                 coded("dosageInstruction.route", SNOMED, ORAL_ROUTE[0]))))
         return Gold(answer={"potassium": latest[2], "replacement_ordered": low}, expects=expects)
+
+    def distractor_probe(self, view: View, params: dict) -> bool | None:
+        return _voided_first(view, params["pid"], ("2823-3",))
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
@@ -1315,7 +1361,15 @@ class StopMedication(_Clinical):
     sequences = (("searchResources", "searchResources", "updateResource"),)
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
-        person = pick(rng, _people(view))
+        fits = [(p, r) for p in _people(view) for r in self._stoppable(view, p)]
+        person, chosen = deal(view, fits) or (None, None)  # dealt by seed: the gold varies across seeds
+        if chosen is None:
+            return None
+        return {**_patient_params(person, rng), "request": chosen["id"], "drug": chosen["display"]}
+
+    @staticmethod
+    def _stoppable(view: View, person: dict) -> list[dict]:
+        """Active prescriptions older than a day whose drug has one active order and one name."""
         requests = _med_requests(view).get(person["pid"], [])
         active = [r for r in requests if r["status"] == "active" and r["authored"]
                   and _ts(r["authored"]) < view.now - timedelta(days=1)]
@@ -1327,10 +1381,7 @@ class StopMedication(_Clinical):
             names[r["display"].lower()].add(r["code"])
         single = [rs[0] for rs in by_code.values()
                   if len(rs) == 1 and len(names[rs[0]["display"].lower()]) == 1]
-        chosen = pick(rng, sorted(single, key=lambda r: r["id"]))
-        if chosen is None:
-            return None
-        return {**_patient_params(person, rng), "request": chosen["id"], "drug": chosen["display"]}
+        return sorted(single, key=lambda r: r["id"])
 
     def prompt(self, params: dict) -> str:
         return (f"{_cap(_who(params))} has to stop taking {params['drug']}. Please discontinue that active "
@@ -1357,7 +1408,7 @@ class StopMedication(_Clinical):
                 break
         assert target is not None
         key = {"resourceType": "MedicationRequest", "resourceId": target["id"]}
-        body = {k: v for k, v in tools.call("getResourceById", key).output.items() if k != "meta"}
+        body = dict(tools.call("getResourceById", key).output)  # meta too: tags, labels and profiles are kept
         body["status"] = "stopped"
         tools.call("updateResource", {**key, "body": body})
         return "Stopped the prescription."
@@ -1589,12 +1640,12 @@ class VoidObservation(_Clinical):
 
     def setup(self, view: View, params: dict) -> list[dict]:
         code, display, _, unit, *_ = VOIDABLE[params["vital"]]
-        return [_observation(f"clin-vital-{i}", params["pid"], code, display, value, unit, _ts(at),
+        return [_observation(view.new_id(f"vital-{i}"), params["pid"], code, display, value, unit, _ts(at),
                              category="vital-signs")
                 for i, (at, value) in enumerate(params["readings"], 1)]
 
     def gold(self, view: View, params: dict) -> Gold:
-        target = f"clin-vital-{params['wrong'] + 1}"
+        target = view.new_id(f"vital-{params['wrong'] + 1}")
         assert view.read("Observation", target) is not None
         return Gold(expects=[Expect("update", "Observation", id=target,
                                     checks=(eq("status", "entered-in-error"), _may_change("note")))])
@@ -1608,7 +1659,7 @@ class VoidObservation(_Clinical):
         found = _search(tools, "Observation", query)
         target = next(o for o in found if _ts(o["effectiveDateTime"]) == _ts(at)
                       and o["valueQuantity"]["value"] == value)
-        body = {k: v for k, v in target.items() if k != "meta"}
+        body = dict(target)  # meta too: tags, labels and profiles are kept
         body["status"] = "entered-in-error"
         tools.call("updateResource",
                    {"resourceType": "Observation", "resourceId": target["id"], "body": body})

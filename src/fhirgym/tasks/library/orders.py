@@ -20,7 +20,7 @@ from ...world import INDICATIONS, SURGERIES
 from .._answer import NOT_FOUND, AnswerSpec, Field, answer_text, parse_instant
 from .._expect import Check, Expect, coded, custom, eq, on_day, ref, ref_key, refs_exactly, values
 from .._family import Family, Gold, View, register
-from ._common import LOINC, SNOMED, full_name, human_date, pick
+from ._common import LOINC, SNOMED, EitherWay, full_name, human_date, pick
 
 READ_ONLY = ("createResource", "updateResource", "deleteResource")
 V2_0074 = "http://terminology.hl7.org/CodeSystem/v2-0074"
@@ -193,7 +193,7 @@ def _find_order(tools: Toolbox, patient_id: str, test: str) -> dict:
 
 def _add_supporting(tools: Toolbox, order_id: str, refs: list[str]) -> None:
     order = tools.call("getResourceById", {"resourceType": "ServiceRequest", "resourceId": order_id}).output
-    body = {k: v for k, v in order.items() if k != "meta"}
+    body = dict(order)  # meta too: tags, labels and profiles are kept
     current = body.get("supportingInfo", [])
     have = {ref_key(r) for r in current}
     body["supportingInfo"] = current + [{"reference": r} for r in refs if r not in have]
@@ -261,7 +261,7 @@ class RecordSurgeryPlan(Family):
 
 
 PLAN_ANSWER = AnswerSpec((Field("procedure_code", "text", "the SNOMED CT code of the planned procedure"),
-                          Field("date", "date", "the planned date of the surgery")), none_allowed=True)
+                          Field("date", "date", "the planned date of the surgery")))
 
 
 def _in_window(plan: dict, now: datetime) -> bool:
@@ -326,11 +326,11 @@ class FindSurgeryPlan(_PlanQuestion):
         now, plans, patients = view.now, _surgery(view), _patients(view)
         fits = [pid for pid, ps in plans.items() if pid in patients
                 and sum(_in_window(p, now) for p in ps) == 1 and not any(_near_edge(p, now) for p in ps)]
-        if fits:
+        if fits and rng.random() < 0.15:  # the world's few plans would make the gold repeat across seeds
             patient = patients[pick(rng, fits)]
             return {"patient_id": patient["id"], "name": patient["name"], "birth_date": patient["birth_date"],
                     "setup_plan": None}
-        # the clock (anchor-2 .. anchor+4) can leave no world plan inside the window: add one
+        # mostly (and whenever the clock leaves no world plan inside the window) a plan added by the setup
         free = [p for p in patients.values() if p["adult"]
                 and not any(_in_window(x, now) or _near_edge(x, now) for x in plans.get(p["id"], []))]
         patient = pick(rng, free)
@@ -353,7 +353,7 @@ class FindSurgeryPlan(_PlanQuestion):
         if not plan:
             return []
         body: dict = {
-            "resourceType": "ServiceRequest", "id": "orders-surgery-plan-1", "status": "active", "intent": "order",
+            "resourceType": "ServiceRequest", "id": view.new_id("surgery-plan"), "status": "active", "intent": "order",
             "category": [{"coding": [{"system": SNOMED, "code": SURGICAL, "display": "Surgical procedure"}]}],
             "code": {"coding": [{"system": SNOMED, "code": plan["code"], "display": plan["display"]}]},
             "subject": {"reference": f"Patient/{params['patient_id']}"},
@@ -371,7 +371,7 @@ class FindSurgeryPlan(_PlanQuestion):
         plans = list(_surgery(view).get(params["patient_id"], []))
         if params["setup_plan"]:
             sp = params["setup_plan"]
-            plans.append({"id": "orders-surgery-plan-1", "status": "active", "code": sp["code"],
+            plans.append({"id": view.new_id("surgery-plan"), "status": "active", "code": sp["code"],
                           "display": sp["display"], "at": parse_instant(sp["when"])})
         answer = _plans_answer(plans, view.now)
         assert answer is not NOT_FOUND, f"{params} has no plan in the window"
@@ -379,13 +379,15 @@ class FindSurgeryPlan(_PlanQuestion):
 
 
 @register
-class NoSurgeryPlanInWindow(_PlanQuestion):
+class NoSurgeryPlanInWindow(EitherWay, _PlanQuestion):
     """The patient has surgery plans, but all in the past or beyond 14 days: the answer is "none"."""
 
     id = "orders.no_surgery_in_window"
-    title = "Report that a patient has no surgery planned within 14 days"
+    title = "A surgery planned within 14 days, or report that there is none (plans outside the window)"
+    answer = AnswerSpec(PLAN_ANSWER.fields, none_allowed=True)
+    found = FindSurgeryPlan
 
-    def sample(self, view: View, rng: random.Random) -> dict | None:
+    def sample_none(self, view: View, rng: random.Random) -> dict | None:
         now, plans, patients = view.now, _surgery(view), _patients(view)
         fits = [pid for pid, ps in plans.items() if pid in patients
                 and not any(_in_window(p, now) or _near_edge(p, now) for p in ps)]
@@ -396,7 +398,7 @@ class NoSurgeryPlanInWindow(_PlanQuestion):
             return None
         return {"patient_id": patient["id"], "name": patient["name"], "birth_date": patient["birth_date"]}
 
-    def gold(self, view: View, params: dict) -> Gold:
+    def gold_none(self, view: View, params: dict) -> Gold:
         answer = _plans_answer(_surgery(view).get(params["patient_id"], []), view.now)
         assert answer is NOT_FOUND, f"{params} has a plan in the window"
         return Gold(answer=answer)
@@ -463,11 +465,11 @@ class OrderGenomeSequencing(Family):
         return "Placed the whole genome sequencing order."
 
 
-def _outside_reports(params: dict) -> list[dict]:
+def _outside_reports(view: View, params: dict) -> list[dict]:
     out = []
     for n, item in enumerate(params["outside"], 1):
         out.append({
-            "resourceType": "DiagnosticReport", "id": f"orders-outside-report-{n}", "status": "final",
+            "resourceType": "DiagnosticReport", "id": view.new_id(f"outside-report-{n}"), "status": "final",
             "category": [{"coding": [{"system": V2_0074, "code": "GE", "display": "Genetics"}]}],
             "code": {"coding": [{"system": LOINC, "code": GENETIC_REPORT[0], "display": GENETIC_REPORT[1]}]},
             "subject": {"reference": f"Patient/{params['patient_id']}"},
@@ -520,11 +522,11 @@ class AttachGeneticReports(Family):
                 "keeping whatever is already listed there. Do not attach any other kind of report.")
 
     def setup(self, view: View, params: dict) -> list[dict]:
-        return _outside_reports(params)
+        return _outside_reports(view, params)
 
     def gold(self, view: View, params: dict) -> Gold:
         reports = [f"DiagnosticReport/{r}" for r in params["world_reports"]]
-        reports += [f"DiagnosticReport/{r['id']}" for r in _outside_reports(params)]
+        reports += [f"DiagnosticReport/{r['id']}" for r in _outside_reports(view, params)]
         return Gold(expects=[Expect("update", "ServiceRequest", id=params["order_id"], checks=(
             refs_exactly("supportingInfo", [*params["supporting"], *reports]),))])
 

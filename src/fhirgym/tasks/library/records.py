@@ -9,7 +9,7 @@ from ...tools import Toolbox
 from .._answer import NOT_FOUND, AnswerSpec, Field
 from .._expect import Check, Expect, coded, custom, eq, on_day, one_of, ref
 from .._family import Family, Gold, View, register
-from ._common import SNOMED, full_name, human_date, living_patients, official_name, pick
+from ._common import SNOMED, EitherWay, full_name, human_date, living_patients, official_name, pick
 
 READ_ONLY = ("createResource", "updateResource", "deleteResource")
 CLINICAL = "http://terminology.hl7.org/CodeSystem/condition-clinical"
@@ -33,7 +33,7 @@ class FindPatient(Family):
     resource_types = ("Patient",)
     sequences = (("searchResources",),)
     prohibited_tools = READ_ONLY
-    answer = AnswerSpec((Field("patient_id", "id", "the Patient resource id"),), none_allowed=True)
+    answer = AnswerSpec((Field("patient_id", "id", "the Patient resource id"),))
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         p = pick(rng, living_patients(view))
@@ -275,21 +275,22 @@ class CreatePatient(Family):
 
 
 @register
-class PatientNotFound(Family):
+class PatientNotFound(EitherWay):
     """Near-misses: a registered patient's name with another birth date, or a registered birth date
     under another name; only name and birth date together identify a patient."""
 
     id = "records.patient_not_found"
-    title = "Report that nobody with this name and date of birth is registered"
+    title = "Find a patient by name and birth date, or report that nobody has both (namesakes, shared birth dates)"
     category = "records"
     difficulty = 2
     writes = False
     resource_types = ("Patient",)
     sequences = (("searchResources",),)
     prohibited_tools = READ_ONLY
-    answer = FindPatient.answer
+    answer = AnswerSpec(FindPatient.answer.fields, none_allowed=True)
+    found = FindPatient
 
-    def sample(self, view: View, rng: random.Random) -> dict | None:
+    def sample_none(self, view: View, rng: random.Random) -> dict | None:
         pats = all_patients(view)
         kind = rng.choice(("namesake", "same_birth_date", "stranger"))
         p = pick(rng, pats)
@@ -312,7 +313,7 @@ class PatientNotFound(Family):
     def prompt(self, params: dict) -> str:
         return FindPatient.prompt(self, params)  # the same request as when the patient exists
 
-    def gold(self, view: View, params: dict) -> Gold:
+    def gold_none(self, view: View, params: dict) -> Gold:
         given, family = params["name"].split()[0], params["name"].split()[-1]
         same = [p for p in all_patients(view) if p.get("birthDate") == params["birth_date"]
                 and ((given.casefold(), family.casefold()) in _name_pairs(p) or full_name(p) == params["name"])]
@@ -352,8 +353,7 @@ def _plain(display: str) -> str:
     return text if "'" in first or first[1:2].isupper() else text[:1].lower() + text[1:]
 
 
-CONDITION_ANSWER = AnswerSpec((Field("onset_date", "date", "the onset date recorded for that diagnosis"),),
-                              none_allowed=True)
+CONDITION_ANSWER = AnswerSpec((Field("onset_date", "date", "the onset date recorded for that diagnosis"),))
 
 
 def _condition_prompt(params: dict) -> str:
@@ -439,21 +439,22 @@ CHRONIC = (
 
 
 @register
-class NoCondition(Family):
+class NoCondition(EitherWay):
     """Nothing to find: the asked diagnosis is absent — at most charted by mistake (entered-in-error) or
     on a namesake's record — and no related diagnosis is on file either."""
 
     id = "records.condition_not_recorded"
-    title = "Report that the patient has no record of the asked diagnosis"
+    title = "Onset of a diagnosis, or report that the patient has no record of it (voided entries, namesakes)"
     category = "records"
     difficulty = 2
     writes = False
     resource_types = ("Patient", "Condition")
     sequences = (("searchResources", "searchResources"),)
     prohibited_tools = READ_ONLY
-    answer = CONDITION_ANSWER
+    answer = AnswerSpec(CONDITION_ANSWER.fields, none_allowed=True)
+    found = PatientCondition
 
-    def sample(self, view: View, rng: random.Random) -> dict | None:
+    def sample_none(self, view: View, rng: random.Random) -> dict | None:
         trapped = view.cached("records.condition_traps", lambda: [
             p for p in living_patients(view) if any(t for _, t in self._absent(view, p))])
         p = pick(rng, trapped) if trapped and rng.random() < 0.5 else pick(rng, living_patients(view))
@@ -479,7 +480,7 @@ class NoCondition(Family):
     def prompt(self, params: dict) -> str:
         return _condition_prompt(params)
 
-    def gold(self, view: View, params: dict) -> Gold:
+    def gold_none(self, view: View, params: dict) -> Gold:
         patient = unique_patient(view, params["name"], params["birth_date"])
         words = next(c[2] for c in CHRONIC if c[0] == params["code"])
         for code, display, *_ in _real(condition_index(view).get(patient["id"], [])):

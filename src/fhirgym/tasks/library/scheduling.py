@@ -23,7 +23,7 @@ from datetime import UTC, date, datetime, timedelta
 from ...tools import Toolbox
 from .._answer import NOT_FOUND, AnswerSpec, Field, answer_text
 from .._family import Family, Gold, View, register
-from ._common import full_name, human_date
+from ._common import deal, deal_by_gold, full_name, human_date, negative_seed
 
 READ_ONLY = ("createResource", "updateResource", "deleteResource")
 HOLDING = frozenset({"booked", "arrived", "fulfilled", "noshow", "checked-in"})
@@ -537,12 +537,14 @@ class CountUrgentSlots(Family):
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         f = _facts(view)
-        days = rng.choice((2, 3, 4, 5, 7))
-        specialty = rng.choice([None, None, *sorted({d.spec for d in f.docs})])
-        urgent = _urgent(f, view.now, _midnight(view.now.date() + timedelta(days=days + 1)), specialty)
-        if not urgent:
-            return None
-        return {"specialty": specialty, "days": days, "time": rng.choice(urgent).start.strftime("%H:%M")}
+        candidates = []  # (count, params): the counts are dealt by seed, so no count is the gold of many seeds
+        for days in (2, 3, 4, 5, 7):
+            for specialty in [None, *sorted({d.spec for d in f.docs})]:
+                urgent = _urgent(f, view.now, _midnight(view.now.date() + timedelta(days=days + 1)), specialty)
+                for time in sorted({s.start.strftime("%H:%M") for s in urgent}):
+                    count = sum(1 for s in urgent if s.start.strftime("%H:%M") == time)
+                    candidates.append((count, {"specialty": specialty, "days": days, "time": time}))
+        return deal_by_gold(view, rng, candidates)
 
     def prompt(self, params: dict) -> str:
         scope = f"{params['specialty']} " if params["specialty"] else ""
@@ -747,14 +749,18 @@ class WeekdayMorningSlots(Family):
 
 
 def _booking_params(view: View, rng: random.Random, f: _Facts, by_clinic: bool) -> dict | None:
-    """A future appointment time of one doctor (or one specialty at one clinic): usually a booked one, sometimes
-    a cancelled one whose slot nobody holds now (answer: nothing found)."""
+    """A future appointment time of one doctor (or one specialty at one clinic): usually a booked one, on
+    negative seeds a time nobody holds (answer: nothing found): a cancelled booking's, else a free slot's."""
     future = [a for a in f.appts if a.start > view.now and a.practitioner]
-    cancelled = rng.random() < 0.25
+    cancelled = negative_seed(view)
     pool = [a for a in future if (a.status == "cancelled") == cancelled and (cancelled or a.status in HOLDING)]
+    if cancelled and (not pool or rng.random() < 0.5):
+        doc = rng.choice(f.docs)
+        free = [s for s in f.slots.get(doc.schedule, []) if s.status == "free" and s.start > view.now]
+        pool = [_Appt("", "free", s.start, "", doc.pid, doc.location, doc.specialty) for s in free[:200]]
     if not pool:
         return None
-    appt = rng.choice(pool)
+    appt = deal(view, pool)  # by seed: no booking is the gold of many seeds
     docs = [d for d in f.docs if d.pid == appt.practitioner and d.location == appt.location]
     if len(docs) != 1:
         return None
