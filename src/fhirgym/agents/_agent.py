@@ -33,6 +33,7 @@ class AgentTask:
     mcp_url: Callable[[], str] | None = None  # starts the episode's MCP endpoint on first use
     reference: Callable[[Toolbox], str] | None = None  # only the built-in reference agent may use it
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. memory hints of a configuration
+    answer_schema: dict | None = None  # JSON schema of the final answer object (for constrained decoding)
 
 
 @dataclass

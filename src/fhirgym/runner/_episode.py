@@ -54,7 +54,8 @@ def run_episode(key: EpisodeKey, inst: Instance, agent, tools: tuple[Tool, ...],
         return handle.url
 
     task = AgentTask(inst.prompt, inst.now, box, max_iterations=max_iterations, mcp_url=mcp_url,
-                     reference=lambda tb: fam.solve(tb, inst.params, inst.now), extra=extra or {})
+                     reference=lambda tb: fam.solve(tb, inst.params, inst.now), extra=extra or {},
+                     answer_schema=fam.answer.json_schema() if fam.answer is not None else None)
     error = None
     try:
         result = agent.run(task)
