@@ -71,7 +71,7 @@ def main() -> None:
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--world")
     args = ap.parse_args()
-    world = TaskWorld.open(args.world or build_world(seed=42, patients=100).path)
+    world = TaskWorld.open(args.world or build_world(seed=42, patients=10).path)
     seeds = [int(s) for s in args.seeds.split(",")]
     print("| model | setting | strict | ≥1 valid call | mean turns | mean completion tok | s/episode | "
           "model s/episode | wall s |")

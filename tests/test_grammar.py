@@ -195,8 +195,11 @@ def test_several_calls_and_bounded_reasoning(matcher, grammar):
     read = call_text("getResourceById", {"resourceType": "Patient", "resourceId": "7"})
     search = call_text("searchResources", {"resourceType": "Slot", "params": {"status": "free"}})
     assert matcher.accepts(grammar, read + "\n" + search)
-    assert matcher.accepts(grammar, "First I find the free slots.\n" + search)
-    assert not matcher.accepts(grammar, "x" * 161 + "\n" + search)  # reasoning is bounded
+    assert not matcher.accepts(grammar, "First I find the free slots.\n" + search)  # no reasoning by default
+    thinking = turn_grammar(TOOLS, None, reasoning=160)
+    assert matcher.accepts(thinking, "First I find the free slots.\n" + search)
+    assert not matcher.accepts(thinking, "x" * 161 + "\n" + search)  # reasoning is bounded
+    assert not matcher.accepts(thinking, "I call <b>it</b> now\n" + search)  # and plain
     assert not matcher.accepts(grammar, "\n".join([read] * 4))  # at most three calls a turn
     assert not matcher.accepts(grammar, read + search)  # calls on their own lines
 

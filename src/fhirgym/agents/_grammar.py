@@ -38,7 +38,7 @@ def turn_grammar(
     tools: list[dict],
     answer_schema: dict | None = None,
     *,
-    reasoning: int = 160,
+    reasoning: int = 0,
     max_calls: int = 3,
     allow_answer: bool = True,
     plain_answer: bool | None = None,
