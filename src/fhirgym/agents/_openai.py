@@ -34,7 +34,7 @@ class OpenAIBackend:
     ``compatible=True`` is for self-hosted endpoints: ``base_url`` (or ``OPENAI_BASE_URL``) is required and
     the key defaults to ``"none"``. ``http_client`` (an ``httpx.Client``) is passed to the SDK, which is how
     the tests plug in a fake server. The SDK's own retries are off: we retry, so attempts are countable.
-    ``constrain`` (off by default) is one of :data:`CONSTRAIN_MODES`.
+    ``constrain`` (off by default; else from ``FHIRGYM_CONSTRAIN``) is one of :data:`CONSTRAIN_MODES`.
     """
 
     def __init__(
@@ -55,6 +55,7 @@ class OpenAIBackend:
     ) -> None:
         import openai
 
+        constrain = constrain or os.environ.get("FHIRGYM_CONSTRAIN") or None  # reachable from the CLI
         if constrain is not None and constrain not in CONSTRAIN_MODES:
             raise ValueError(f"constrain={constrain!r}: use one of {', '.join(CONSTRAIN_MODES)}")
         self.constrain = constrain
