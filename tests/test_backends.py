@@ -27,6 +27,7 @@ from fhirgym.agents._backend import (
 from fhirgym.agents._factory import make_backend
 from fhirgym.agents._local import LocalBackend, _to_template_message
 from fhirgym.agents._openai import OpenAIBackend, _to_openai_message
+from fhirgym.agents._prompt import compact_tools
 from fhirgym.agents._scripted import ScriptedBackend, rough_tokens
 from fhirgym.agents._toolcalls import parse_tool_calls
 from fhirgym.agents._weights import ModelUnavailable, WeightSpec, model_path
@@ -441,6 +442,70 @@ def test_openai_history_is_normalised():
     assert _to_openai_message({"role": "user", "content": "x"}) == {"role": "user", "content": "x"}
 
 
+ANSWER = {"type": "object", "properties": {"count": {"type": "integer"}}, "required": ["count"]}
+LOOKED = [{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "c1", "content": "{}"}]
+
+
+def test_openai_constrain_tool_choice_makes_the_answer_a_call():
+    answer_call = [{"id": "call_z", "type": "function",
+                    "function": {"name": "final_answer", "arguments": '{"answer": {"count": 2}}'}}]
+    endpoint = FakeEndpoint([(200, _completion(None, answer_call, finish="tool_calls"), {})])
+    backend = endpoint.backend(constrain="tool_choice")
+    first = backend.chat([{"role": "user", "content": "x"}], TOOLS, answer_schema=ANSWER)
+    body = endpoint.bodies[0]
+    assert body["tool_choice"] == "required" and body["tools"] == TOOLS  # no answer before a look-up
+    assert first.tool_calls == [] and first.text == '<answer>{"count": 2}</answer>'  # (scripted reply)
+    backend.chat(LOOKED, TOOLS, answer_schema=ANSWER)
+    sent = endpoint.bodies[1]["tools"]
+    assert sent[:2] == TOOLS and sent[2]["function"]["name"] == "final_answer"
+    assert sent[2]["function"]["parameters"]["properties"]["answer"] == ANSWER
+    with pytest.raises(ValueError, match="constrain"):
+        endpoint.backend(constrain="regex")
+
+
+def test_openai_constrain_from_the_environment(monkeypatch):
+    monkeypatch.setenv("FHIRGYM_CONSTRAIN", "grammar")
+    assert FakeEndpoint([200]).backend().constrain == "grammar"
+    monkeypatch.delenv("FHIRGYM_CONSTRAIN")
+    assert FakeEndpoint([200]).backend().constrain is None
+
+
+@pytest.mark.parametrize("mode", ["grammar", "structured_outputs"])
+def test_openai_constrain_sends_the_turn_grammar(mode):
+    text = '<tool_call>\n{"name": "fhir_read", "arguments": {"resourceType": "Patient", "id": "9"}}\n</tool_call>'
+    endpoint = FakeEndpoint([(200, _completion(text), {})])
+    result = endpoint.backend(constrain=mode, extra_body={"top_k": 1}).chat(LOOKED, TOOLS, answer_schema=ANSWER)
+    assert result.tool_calls == [ToolCall("call_0", "fhir_read", {"resourceType": "Patient", "id": "9"})]
+    body = endpoint.bodies[0]
+    grammar = body["grammar"] if mode == "grammar" else body["structured_outputs"]["grammar"]
+    assert grammar.startswith("root ::= ") and '"<answer>"' in grammar and body["top_k"] == 1
+    assert "tool_choice" not in body
+
+
+def test_local_backend_prompt_reuses_raw_turns_and_adds_the_example():
+    from fhirgym.tools import FHIR_TOOLS
+
+    tools = [t.openai_schema() for t in FHIR_TOOLS]
+    backend = LocalBackend("qwen2.5-coder-0.5b")
+    raw = 'Look it up.\n<tool_call>\n{"name": "searchResources", "arguments": {"resourceType": "Patient"}}\n</tool_call>'
+    calls, text = parse_tool_calls(raw, {"searchResources"})
+    backend._remember(text, [(c.name, c.arguments) for c in calls], raw)
+    history = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "u"},
+        {"role": "assistant", "content": text, "tool_calls": [{"id": "call_1_0", "type": "function", "function": {
+            "name": "searchResources", "arguments": json.dumps(calls[0].arguments)}}]},
+        {"role": "tool", "tool_call_id": "call_1_0", "content": "{}"},
+    ]
+    prompt = backend._prompt(history, tools)
+    assert prompt[0]["content"] == "s" and prompt[1]["content"].startswith("Worked example.")
+    assert [m["role"] for m in prompt] == ["system", "user", "assistant", "tool", "assistant", "user", "assistant",
+                                          "tool"]
+    assert prompt[6] == {"role": "assistant", "content": raw}  # the model's own text, not a re-rendering
+    plain = LocalBackend("qwen2.5-coder-0.5b", example=False)._prompt(history, tools)
+    assert len(plain) == 4 and plain[2]["tool_calls"]
+
+
 def test_openai_connection_refused_on_a_real_socket():
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -650,9 +715,10 @@ def test_local_chat_plumbing_with_a_fake_llama(tmp_path, monkeypatch):
     monkeypatch.setenv("FHIRGYM_CACHE", str(tmp_path / "cache"))
     gguf = tmp_path / "fake.gguf"
     gguf.write_bytes(b"GGUF")
+    fake_first = 'Reading.\n```json\n{"name": "fhir_read", "arguments": {"id": "1"}}\n```'
     fake = FakeLlama(
         [
-            'Reading.\n```json\n{"name": "fhir_read", "arguments": {"id": "1"}}\n```',
+            fake_first,
             "Patient 1 is Ann.",
             ValueError("Requested tokens (9000) exceed context window of 8192"),
             RuntimeError("llama_decode returned -3"),
@@ -670,8 +736,11 @@ def test_local_chat_plumbing_with_a_fake_llama(tmp_path, monkeypatch):
         8,  # whitespace words of the fake reply
     )
     assert (
-        fake.calls[0]["tools"] == TOOLS and fake.calls[0]["seed"] == 7 and fake.calls[0]["max_tokens"] == 40
+        fake.calls[0]["tools"] == compact_tools(TOOLS) and fake.calls[0]["seed"] == 7
+        and fake.calls[0]["max_tokens"] == 40
     )
+    first_grammar = fake.calls[0]["grammar"]._grammar  # no answer before a tool result
+    assert '"<tool_call>' in first_grammar and "turn-final" not in first_grammar
     history += [
         {
             "role": "assistant",
@@ -688,7 +757,9 @@ def test_local_chat_plumbing_with_a_fake_llama(tmp_path, monkeypatch):
     ]
     second = backend.chat(history, TOOLS, seed=3)
     assert second.tool_calls == [] and second.text == "Patient 1 is Ann." and second.finish_reason == "stop"
-    assert fake.calls[1]["messages"][1]["tool_calls"][0]["function"]["arguments"] == {"id": "1"}
+    # the model's own text stands for its turn (exact KV reuse), not the template's re-rendering
+    assert fake.calls[1]["messages"][1] == {"role": "assistant", "content": fake_first}
+    assert "turn-final" in fake.calls[1]["grammar"]._grammar
     assert fake.calls[1]["seed"] == 3
     assert backend.last_stats.reused_tokens == 1  # the first message was already "in the KV cache"
     with pytest.raises(ContextLengthExceeded, match="n_ctx=512"):

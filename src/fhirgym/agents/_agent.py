@@ -32,6 +32,7 @@ class AgentTask:
     tools: AgentTools
     max_iterations: int = 15
     instructions: str = ""  # the configuration's additions to the system prompt (e.g. memory lessons)
+    answer_schema: dict | None = None  # JSON schema of the final answer object (for constrained decoding)
 
 
 @dataclass

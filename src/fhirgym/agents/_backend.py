@@ -53,6 +53,8 @@ class ChatBackend(Protocol):
 
     A backend may also carry ``tool_budget`` (characters per tool output) and ``max_reply_tokens``: what
     the model can afford per turn (the local backend does); the runner and the ReAct agent honour them.
+    ``answer_schema`` (JSON schema of the task's final answer object) is optional: backends that constrain
+    decoding use it, the ReAct agent passes it only to a ``chat`` that accepts it.
     """
 
     name: str
@@ -65,6 +67,7 @@ class ChatBackend(Protocol):
         temperature: float = 0.0,
         max_tokens: int = 1024,
         seed: int | None = None,
+        answer_schema: dict | None = None,
     ) -> ChatResult: ...
 
 

@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from ._backend import LOCAL_MODELS, BackendError, ChatResult, ContextLengthExceeded, local_model_label
+from ._grammar import turn_grammar
+from ._prompt import compact_tools, worked_example
 from ._toolcalls import parse_tool_calls
 from ._weights import ModelUnavailable, file_lock, model_path, models_dir
 
@@ -71,6 +73,13 @@ class LocalBackend:
     ``tool_budget`` (characters per tool output) and ``max_reply_tokens`` are what a CPU model can afford
     (see the module docstring); an explicit ``--budget`` still wins.
 
+    Small-model prompting (issue 17), each switchable for ablations: ``grammar`` (every turn generated under
+    :func:`~fhirgym.agents._grammar.turn_grammar`: native ``<tool_call>`` calls of existing tools with
+    schema-valid arguments, or the final answer; ``reasoning`` > 0 allows that many characters of plain
+    text before it (off by default: the 0.5B spent 50-77 tokens of such a line restating the call);
+    ``call_first``: no answer before the first tool result), ``compact`` tool descriptions and a worked
+    ``example`` exchange between the system prompt and the task.
+
     Loading happens on the first :meth:`chat` (or an explicit :meth:`load`), so building the backend is cheap;
     a missing file or runtime then raises :class:`BackendError`. ``exclusive`` (default: when ``n_threads``
     covers all cores) serializes inference across processes through a lock file in the model cache.
@@ -85,6 +94,11 @@ class LocalBackend:
         exclusive: bool | None = None,
         tool_budget: int = 4_000,
         max_reply_tokens: int = 512,
+        grammar: bool = True,
+        example: bool = True,
+        compact: bool = True,
+        reasoning: int = 0,
+        call_first: bool = True,
         **llama_options: Any,
     ) -> None:
         self.source = str(path_or_name)
@@ -96,8 +110,17 @@ class LocalBackend:
         self.seed = seed
         self.exclusive = self.n_threads >= (os.cpu_count() or 1) if exclusive is None else exclusive
         self.llama_options = llama_options
+        self.grammar = grammar
+        self.example = example
+        self.compact = compact
+        self.reasoning = reasoning
+        self.call_first = call_first
         self.last_stats = CallStats()
         self._shared: _Shared | None = None
+        self._grammars: dict[str, Any] = {}
+        # what the model wrote, by the (text, calls) the agent kept of it: the history is then rendered
+        # with the model's own tokens, so the next turn reuses their KV instead of prefilling a re-rendering
+        self._raw: dict[str, str] = {}
 
     @property
     def path(self) -> Path:
@@ -151,10 +174,13 @@ class LocalBackend:
         temperature: float = 0.0,
         max_tokens: int = 1024,
         seed: int | None = None,
+        answer_schema: dict | None = None,
     ) -> ChatResult:
+        """One turn; ``answer_schema`` (JSON schema of the task's answer object) shapes the final answer."""
         llama = self.load()
         assert self._shared is not None
-        converted = [_to_template_message(m) for m in messages]
+        converted = self._prompt(messages, tools)
+        grammar = self._grammar(messages, tools, answer_schema) if self.grammar and tools else None
         waiting = time.perf_counter()
         # a Llama is not thread-safe, and its KV cache holds one conversation at a time
         with self._shared.lock, self._machine_lock():
@@ -163,7 +189,8 @@ class LocalBackend:
             try:
                 completion = llama.create_chat_completion(
                     messages=converted,
-                    tools=tools or None,
+                    tools=(compact_tools(tools) if self.compact else tools) if tools else None,
+                    grammar=grammar,
                     temperature=temperature,
                     max_tokens=max_tokens,
                     # always explicit: without a seed llama-cpp derives one and overwrites its own
@@ -181,13 +208,15 @@ class LocalBackend:
             after = _cached_tokens(llama)[:prompt_tokens]
         reused = _common_prefix(before, after)
         choice = completion["choices"][0]
-        text = choice["message"].get("content") or ""
+        raw = text = choice["message"].get("content") or ""
         finish = choice.get("finish_reason")
         calls = []
         if tools:
             calls, text = parse_tool_calls(text, {t.get("function", {}).get("name") for t in tools})
             if calls and finish == "stop":
                 finish = "tool_calls"
+            if calls:
+                self._remember(text, [(c.name, c.arguments) for c in calls], raw)
         completion_tokens = int(usage.get("completion_tokens", 0))
         self.last_stats = CallStats(prompt_tokens, completion_tokens, reused, seconds, started - waiting)
         return ChatResult(
@@ -197,6 +226,34 @@ class LocalBackend:
             completion_tokens=completion_tokens,
             finish_reason=finish,
         )
+
+    def _prompt(self, messages: list[dict], tools: list[dict] | None) -> list[dict]:
+        """The chat as the template gets it: the model's own call text where we have it, and the worked
+        example after the system prompt (part of the prefix every episode shares)."""
+        converted = []
+        for message in messages:
+            out = _to_template_message(message)
+            raw = self._raw.get(_raw_key(out)) if out.get("role") == "assistant" and out.get("tool_calls") else None
+            converted.append({"role": "assistant", "content": raw} if raw is not None else out)
+        if self.example and tools and converted and converted[0].get("role") == "system":
+            converted[1:1] = worked_example(tools)
+        return converted
+
+    def _remember(self, text: str, calls: list[tuple[str, dict]], raw: str) -> None:
+        if len(self._raw) >= 512:  # bounded: only the running episodes' turns matter
+            self._raw.pop(next(iter(self._raw)))
+        self._raw[_raw_key({"content": text, "tool_calls": [{"function": {"name": n, "arguments": a}}
+                                                            for n, a in calls]})] = raw
+
+    def _grammar(self, messages: list[dict], tools: list[dict], answer_schema: dict | None) -> Any:
+        from llama_cpp import LlamaGrammar
+
+        looked = not self.call_first or any(m.get("role") == "tool" for m in messages)
+        key = json.dumps([tools, answer_schema, looked], sort_keys=True)
+        if key not in self._grammars:
+            text = turn_grammar(tools, answer_schema, reasoning=self.reasoning, allow_answer=looked)
+            self._grammars[key] = LlamaGrammar.from_string(text, verbose=False)
+        return self._grammars[key]
 
     def _machine_lock(self) -> contextlib.AbstractContextManager[None]:
         return file_lock(models_dir() / "inference.lock") if self.exclusive else contextlib.nullcontext()
@@ -226,6 +283,13 @@ def _to_template_message(message: dict) -> dict:
     elif "tool_calls" in out:
         del out["tool_calls"]
     return out
+
+
+def _raw_key(message: dict) -> str:
+    """What identifies an assistant turn in the history: its text and its calls (name, arguments)."""
+    calls = [(c.get("function", c).get("name"), c.get("function", c).get("arguments"))
+             for c in message.get("tool_calls") or []]
+    return json.dumps([(message.get("content") or "").strip(), calls], sort_keys=True, default=str)
 
 
 def _cached_tokens(llama: Any) -> list[int]:

@@ -16,9 +16,15 @@ from collections.abc import Callable
 from typing import Any
 
 from ._backend import BackendError, ChatResult, ToolCall
+from ._grammar import ANSWER_TOOL, answer_from_call, answer_tool, looked_up, turn_grammar
 from ._toolcalls import parse_tool_calls
 
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
+#: ``constrain=`` values: the endpoint's own means of holding a model to calls and the answer format.
+#: ``tool_choice``: every turn must call a function (the final answer is one more, ``final_answer``) —
+#: OpenAI, vLLM, llama.cpp's server; ``grammar``: our GBNF turn grammar in llama.cpp server's ``grammar``
+#: field; ``structured_outputs``: the same grammar as vLLM's ``structured_outputs.grammar``.
+CONSTRAIN_MODES = ("tool_choice", "grammar", "structured_outputs")
 _MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id"}
 
 
@@ -28,6 +34,7 @@ class OpenAIBackend:
     ``compatible=True`` is for self-hosted endpoints: ``base_url`` (or ``OPENAI_BASE_URL``) is required and
     the key defaults to ``"none"``. ``http_client`` (an ``httpx.Client``) is passed to the SDK, which is how
     the tests plug in a fake server. The SDK's own retries are off: we retry, so attempts are countable.
+    ``constrain`` (off by default; else from ``FHIRGYM_CONSTRAIN``) is one of :data:`CONSTRAIN_MODES`.
     """
 
     def __init__(
@@ -44,8 +51,14 @@ class OpenAIBackend:
         http_client: Any = None,
         extra_body: dict[str, Any] | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        constrain: str | None = None,
     ) -> None:
         import openai
+
+        constrain = constrain or os.environ.get("FHIRGYM_CONSTRAIN") or None  # reachable from the CLI
+        if constrain is not None and constrain not in CONSTRAIN_MODES:
+            raise ValueError(f"constrain={constrain!r}: use one of {', '.join(CONSTRAIN_MODES)}")
+        self.constrain = constrain
 
         self.model = model
         self.name = f"{'openai-compatible' if compatible else 'openai'}/{model}"
@@ -81,6 +94,7 @@ class OpenAIBackend:
         temperature: float = 0.0,
         max_tokens: int = 1024,
         seed: int | None = None,
+        answer_schema: dict | None = None,
     ) -> ChatResult:
         kwargs: dict[str, Any] = {
             "model": self.model,
@@ -94,8 +108,22 @@ class OpenAIBackend:
             kwargs["seed"] = seed
         if self.extra_body:
             kwargs["extra_body"] = self.extra_body
+        if self.constrain and tools:
+            self._constrain(kwargs, messages, tools, answer_schema)
         response = self._create(kwargs)
         return self._result(response, tools)
+
+    def _constrain(self, kwargs: dict[str, Any], messages: list[dict], tools: list[dict],
+                   answer_schema: dict | None) -> None:
+        """Hold the turn to calls of ``tools`` or the final answer (none before the first tool result)."""
+        looked = looked_up(messages)
+        if self.constrain == "tool_choice":
+            kwargs["tools"] = [*tools, answer_tool(answer_schema)] if looked else list(tools)
+            kwargs["tool_choice"] = "required"
+            return
+        grammar = turn_grammar(tools, answer_schema, allow_answer=looked)
+        field = {"grammar": grammar} if self.constrain == "grammar" else {"structured_outputs": {"grammar": grammar}}
+        kwargs["extra_body"] = {**(self.extra_body or {}), **field}
 
     def _create(self, kwargs: dict[str, Any]) -> Any:
         openai = self._openai
@@ -142,7 +170,12 @@ class OpenAIBackend:
             args = _decode_args(function.arguments)
             calls.append(ToolCall(id=tc.id or f"call_{i}", name=function.name, arguments=args))
         finish = choice.finish_reason
-        if not calls and tools and text:
+        answers = [c for c in calls if c.name == ANSWER_TOOL] if self.constrain == "tool_choice" else []
+        if answers:
+            calls = [c for c in calls if c.name != ANSWER_TOOL]
+            if not calls:  # the answer "call" is the final reply
+                text, finish = answer_from_call(answers[0].arguments), "stop"
+        elif not calls and tools and text:
             names = {t.get("function", {}).get("name") for t in tools}
             calls, text = parse_tool_calls(text, names)
             if calls and finish == "stop":

@@ -8,6 +8,7 @@ results are elided (with a note saying so) rather than failing the episode outri
 
 from __future__ import annotations
 
+import inspect
 import re
 import time
 
@@ -55,9 +56,12 @@ class ReactAgent:
         result = AgentResult(None, "max_iterations", messages=messages)
         schemas = task.tools.schemas()
         limit = min(task.max_iterations, self.max_iterations)
+        # the answer's shape, for backends that constrain decoding with it (keyword only where accepted)
+        shape = ({"answer_schema": task.answer_schema}
+                 if task.answer_schema is not None and _accepts(self.backend.chat, "answer_schema") else {})
         while result.iterations < limit:
             result.iterations += 1
-            reply = self._chat(messages, schemas, result)
+            reply = self._chat(messages, schemas, result, shape)
             if reply is None:
                 return result
             call_msgs = [{"id": f"call_{result.iterations}_{i}" if not c.id or c.id.startswith("call_") else c.id,
@@ -80,13 +84,13 @@ class ReactAgent:
                                  "content": orjson.dumps(done.output, default=str).decode()})
         return result
 
-    def _chat(self, messages: list[dict], schemas: list[dict], result: AgentResult):
+    def _chat(self, messages: list[dict], schemas: list[dict], result: AgentResult, shape: dict):
         """One model turn; None when the episode must stop (infrastructure error or no room left)."""
         for _ in range(4):
             t0 = time.perf_counter()
             try:
                 reply = self.backend.chat(messages, schemas, temperature=self.temperature,
-                                          max_tokens=self.max_tokens, seed=self.seed)
+                                          max_tokens=self.max_tokens, seed=self.seed, **shape)
             except ContextLengthExceeded:
                 result.model_s += time.perf_counter() - t0
                 if not _elide_oldest(messages):
@@ -104,6 +108,14 @@ class ReactAgent:
             return reply
         result.stop_reason = "error"
         return None
+
+
+def _accepts(method, keyword: str) -> bool:
+    try:
+        params = inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
+    return keyword in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 def _elide_oldest(messages: list[dict]) -> bool:

@@ -23,6 +23,7 @@ class Request:
     temperature: float
     max_tokens: int
     seed: int | None
+    answer_schema: dict | None = None
 
 
 def rough_tokens(value: Any) -> int:
@@ -73,10 +74,12 @@ class ScriptedBackend:
         temperature: float = 0.0,
         max_tokens: int = 1024,
         seed: int | None = None,
+        answer_schema: dict | None = None,
     ) -> ChatResult:
         index = len(self.requests)
         snapshot = copy.deepcopy(messages)
-        self.requests.append(Request(snapshot, copy.deepcopy(tools), temperature, max_tokens, seed))
+        self.requests.append(Request(snapshot, copy.deepcopy(tools), temperature, max_tokens, seed,
+                                     copy.deepcopy(answer_schema)))
         if index >= len(self.script):
             raise BackendError(f"{self.name}: script exhausted after {len(self.script)} replies")
         step = self.script[index]

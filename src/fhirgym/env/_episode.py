@@ -35,6 +35,7 @@ class Observation:
     now: datetime  # the instance's frozen clock (UTC)
     instructions: str  # the configuration's system-prompt additions ("" when none)
     tools: list[dict]  # the granted tools as OpenAI function schemas
+    answer_schema: dict | None = None  # JSON schema of the final answer's object (its format, not its value)
 
 
 _LIVE: dict[int, Episode] = {}
@@ -129,7 +130,9 @@ class Episode:
             _LIVE[self._key] = self
         extra = self.config.prepare(inst) if self.config.prepare else ""
         instructions = "\n\n".join(t for t in (self.config.system_suffix, extra) if t)
-        return Observation(inst.prompt, inst.now, instructions, self._box.schemas())
+        answer = inst.family.answer
+        return Observation(inst.prompt, inst.now, instructions, self._box.schemas(),
+                           answer.json_schema() if answer is not None else None)
 
     @property
     def tools(self) -> AgentTools:

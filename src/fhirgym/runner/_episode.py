@@ -59,7 +59,7 @@ def run_episode(key: EpisodeKey, inst: Instance, agent, config: Config | str = "
     with Episode(inst, config, budget=budget) as ep:
         obs = ep.reset()
         task = AgentTask(obs.prompt, obs.now, ep.tools, max_iterations=max_iterations,
-                         instructions=obs.instructions)
+                         instructions=obs.instructions, answer_schema=obs.answer_schema)
         result, trace = _act(agent, task, ep)
         verdict = ep.submit(result.final_answer)
         floor = ep.floor()

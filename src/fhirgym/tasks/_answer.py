@@ -52,6 +52,13 @@ _PLACEHOLDER = {
     "id": "<id>", "ids": ["<id>", "..."], "int": 0, "number": 0.0, "datetime": "<YYYY-MM-DDThh:mm:ssZ>",
     "date": "<YYYY-MM-DD>", "text": "<text>", "bool": True,
 }
+#: JSON schema of each kind, for constrained decoding (a model can then write no other shape).
+_SCHEMA: dict[str, dict] = {
+    "id": {"type": "string"}, "ids": {"type": "array", "items": {"type": "string"}}, "int": {"type": "integer"},
+    "number": {"type": "number"}, "datetime": {"type": "string", "format": "date-time"},
+    "date": {"type": "string", "format": "date"}, "text": {"type": "string"}, "bool": {"type": "boolean"},
+}
+NOT_FOUND_SCHEMA = {"type": "object", "properties": {"found": {"const": False}}, "required": ["found"]}
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,12 @@ class AnswerSpec:
         if self.none_allowed:
             text += '. If nothing matches, answer <answer>{"found": false}</answer>'
         return text + "."
+
+    def json_schema(self) -> dict:
+        """The answer object as JSON schema: every field required, of its kind; or ``{"found": false}``."""
+        obj = {"type": "object", "properties": {f.name: _SCHEMA[f.kind] for f in self.fields},
+               "required": [f.name for f in self.fields]}
+        return {"anyOf": [obj, NOT_FOUND_SCHEMA]} if self.none_allowed else obj
 
     def parse(self, text: str | None) -> dict | Any | None:
         """The answer as ``{field: raw value}``, NOT_FOUND, or None when no answer can be read."""

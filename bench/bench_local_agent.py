@@ -1,0 +1,84 @@
+"""Seconds per episode of the ReAct agent on an embedded local model, per prompting setting (issue 17).
+
+Runs the tasks (default: three of the README's default subset, seed 0) once per setting and prints, per
+setting: episodes passed (strict), episodes with ≥ 1 valid tool call, mean turns, mean completion tokens,
+mean seconds per episode and model seconds. Settings are ``grammar``/``example`` on or off (the 2 × 2
+ablation); ``--settings plain`` is the pre-issue-17 behaviour as far as the current backend can reproduce
+it (no grammar, no example, full tool descriptions). Run against an older checkout (``PYTHONPATH=that/src``)
+the backend's missing options are dropped and the row is labelled ``as-is``.
+
+    .venv/bin/python bench/bench_local_agent.py --model local/qwen2.5-coder-1.5b \\
+        --tasks records.find_patient,clinical.last_hba1c,clinical.record_blood_pressure --settings ge,g,e,-
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import tempfile
+import time
+from pathlib import Path
+
+from fhirgym.agents import ReactAgent, make_backend
+from fhirgym.runner import EvalSpec, run_eval
+from fhirgym.tasks import TaskWorld
+from fhirgym.world import build_world
+
+#: Setting codes: g = grammar, e = worked example; "-" = neither; "plain" also drops compact descriptions.
+SETTINGS = {"ge": dict(grammar=True, example=True), "g": dict(grammar=True, example=False),
+            "e": dict(grammar=False, example=True), "-": dict(grammar=False, example=False),
+            "plain": dict(grammar=False, example=False, compact=False)}
+
+
+def backend_options(model: str, setting: str) -> tuple[dict, str]:
+    """The options this checkout's local backend accepts for ``setting`` (and a label saying so)."""
+    from fhirgym.agents._local import LocalBackend
+
+    accepted = inspect.signature(LocalBackend).parameters
+    wanted = SETTINGS[setting]
+    options = {k: v for k, v in wanted.items() if k in accepted}
+    return options, setting if options == wanted else "as-is"
+
+
+def run(world: TaskWorld, model: str, tasks: str, setting: str, seeds: list[int]) -> None:
+    options, label = backend_options(model, setting)
+    agent = ReactAgent(make_backend(model, **options))
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        lines = run_eval(EvalSpec(out=Path(tmp), agent="react", model=model, tasks=tasks, seeds=seeds),
+                         world, agent=agent)
+        wall = time.perf_counter() - t0
+    n = len(lines)
+    strict = sum(r["status"] == "pass" for r in lines)
+    called = sum(any(not c.get("error") for c in r.get("tool_calls") or []) for r in lines)
+    turns = sum(r.get("iterations", 0) for r in lines) / n
+    completion = sum(r["tokens"]["completion"] for r in lines) / n
+    seconds = sum(r["duration_s"] for r in lines) / n
+    model_s = sum(r["duration_s"] - r["sandbox_s"] for r in lines) / n
+    print(f"| {model} | {label} | {strict}/{n} | {called}/{n} | {turns:.1f} | {completion:.0f} | "
+          f"{seconds:.1f} | {model_s:.1f} | {wall:.0f} |", flush=True)
+    for r in lines:
+        print(f"|   | {r['task_id']} | {r['status']} | stop={r.get('stop_reason')} | {r.get('iterations')} turns"
+              f" | {len(r.get('tool_calls') or [])} calls | {r['duration_s']:.1f} s | answer "
+              f"{str(r.get('final_answer'))[:60]!r} |", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="local/qwen2.5-coder-1.5b")
+    ap.add_argument("--tasks", default="records.find_patient,clinical.last_hba1c,clinical.record_blood_pressure")
+    ap.add_argument("--settings", default="ge,-", help=f"comma-separated, of {', '.join(SETTINGS)}")
+    ap.add_argument("--seeds", default="0")
+    ap.add_argument("--world")
+    args = ap.parse_args()
+    world = TaskWorld.open(args.world or build_world(seed=42, patients=10).path)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    print("| model | setting | strict | ≥1 valid call | mean turns | mean completion tok | s/episode | "
+          "model s/episode | wall s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for setting in args.settings.split(","):
+        run(world, args.model, args.tasks, setting, seeds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""The grammar a local model's turn is generated under: tool calls that exist, or a final answer.
+
+Small models given free rein rewrote the tool definitions as XML, wrapped calls in Markdown fences or
+answered before looking anything up (issue 17). Under this GBNF grammar a turn can only be
+
+* when enabled, a bounded line of reasoning (no ``<``, ``{``, backtick: nothing that could be mistaken
+  for markup, a call or an answer), then
+* one or more calls in Qwen's native form ``<tool_call>\\n{"name": N, "arguments": A}\\n</tool_call>``
+  with N one of the episode's tools and A valid against N's JSON schema, or
+* the final answer ``<answer>{...}</answer>`` valid against the task's answer schema (any JSON object when
+  the task states none, or a short plain sentence for tasks that only ask for changes).
+
+The argument grammars come from llama-cpp-python's own JSON-schema converter (one converter for all
+tools, so the JSON primitives are shared): object keys in schema order, required ones first, single
+spaces only. After the grammar's last character only an end-of-turn token is allowed, which is what
+bounds a reply. llama.cpp checks the grammar while sampling, so a malformed call cannot be produced.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+#: Characters a reasoning line may not contain: the ones that open markup, JSON or a fence.
+_PLAIN = r"[^<>{}\n\r`]"
+
+
+def tool_parameters(tools: list[dict]) -> list[tuple[str, dict]]:
+    """(name, parameters schema) of OpenAI tool schemas, in order."""
+    out = []
+    for tool in tools:
+        function = tool.get("function", tool)
+        out.append((function["name"], function.get("parameters") or {"type": "object", "properties": {}}))
+    return out
+
+
+def turn_grammar(
+    tools: list[dict],
+    answer_schema: dict | None = None,
+    *,
+    reasoning: int = 0,
+    max_calls: int = 3,
+    allow_answer: bool = True,
+    plain_answer: bool | None = None,
+) -> str:
+    """GBNF for one assistant turn (see the module docstring).
+
+    ``reasoning``: at most this many characters of plain text before the call or answer (0: none).
+    ``max_calls``: calls per turn. ``allow_answer=False``: the turn must call a tool (e.g. the first turn,
+    so an answer is never given without a look-up). ``plain_answer``: a final plain sentence is allowed
+    (default: only when there is no answer schema).
+    """
+    from llama_cpp.llama_grammar import SchemaConverter  # loads llama.cpp: only when a grammar is built
+
+    if not tools and not allow_answer:
+        raise ValueError("a turn with no tools must be allowed to answer")
+    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    branches = []
+    for name, params in tool_parameters(tools):
+        schema = converter.resolve_refs(json.loads(json.dumps(params)), name)
+        rule = converter.visit(schema, f"tool-{name}")
+        head = json.dumps(name) + ", " + json.dumps("arguments") + ": "
+        branches.append(f"{_literal(head)} {rule}")
+    lines = []
+    alternatives = []
+    if branches:
+        lines.append('turn-call ::= "<tool_call>\\n{\\"name\\": " (' + " | ".join(branches) + ') "}\\n</tool_call>"')
+        lines.append(f'turn-calls ::= turn-call ("\\n" turn-call){{0,{max(0, max_calls - 1)}}}')
+        alternatives.append("turn-calls")
+    if allow_answer:
+        rule = converter.visit(json.loads(json.dumps(answer_schema or {"type": "object"})), "answer")
+        finals = [f'"<answer>" {rule} "</answer>"']
+        if plain_answer or (plain_answer is None and answer_schema is None):
+            finals.append(f"{_PLAIN}{{1,300}}")
+        lines.append("turn-final ::= " + " | ".join(finals))
+        alternatives.append("turn-final")
+    root = "(" + " | ".join(alternatives) + ")"
+    if reasoning > 0:
+        lines.append(f'turn-reason ::= {_PLAIN}{{1,{reasoning}}} "\\n"')
+        root = "turn-reason? " + root
+    return "\n".join([f"root ::= {root}", *lines, converter.format_grammar()]) + "\n"
+
+
+def _literal(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def answer_tags(value: Any) -> str:
+    """An answer object as the grammar writes it (for worked examples)."""
+    return "<answer>" + json.dumps(value, ensure_ascii=False) + "</answer>"
+
+
+def looked_up(messages: list[dict]) -> bool:
+    """Whether the chat already holds a tool result (before that, a turn must call a tool)."""
+    return any(m.get("role") == "tool" for m in messages)
+
+
+#: The function an endpoint without grammars is made to call for its final answer (``tool_choice``).
+ANSWER_TOOL = "final_answer"
+
+
+def answer_tool(answer_schema: dict | None) -> dict:
+    """The final answer as one more tool, so ``tool_choice="required"`` still lets a model finish."""
+    value = answer_schema if answer_schema is not None else {"type": "string", "description": "what you did"}
+    return {"type": "function", "function": {
+        "name": ANSWER_TOOL, "description": "Give your final answer; this ends the task.",
+        "parameters": {"type": "object", "properties": {"answer": value}, "required": ["answer"]}}}
+
+
+def answer_from_call(arguments: dict) -> str:
+    """The final text an ``final_answer`` call stands for (tags around an object, a sentence as is)."""
+    value = arguments.get("answer", arguments)
+    return value if isinstance(value, str) else answer_tags(value)
