@@ -11,6 +11,7 @@ must be exercised. Only a non-root run without the layers is skipped, with the r
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -118,6 +119,14 @@ def test_stdout_answer_and_inputs(sandbox: Sandbox):
 
 
 def test_answer_values_json_or_repr(sandbox: Sandbox):
+    value = {"s": "naïve \"q\" \n \u2603 \U0001f600", "i": -(10**30), "f": 0.1, "e": 1e-300, "b": [True, False, None],
+             "t": (1, [2.5, {"x": []}]), 3: "int key", 1.5: "float key", True: "bool key", None: "none key"}
+    r = sandbox.run(f"answer = {value!r}")
+    assert r.ok and not r.answer_repr and r.answer == json.loads(json.dumps(value)), r
+    r = sandbox.run("answer = [float('nan')]")
+    assert r.answer == "[nan]" and r.answer_repr
+    r = sandbox.run("a = []\na.append(a)\nanswer = a")
+    assert r.ok and r.answer == "[[...]]" and r.answer_repr
     r = sandbox.run("import datetime\nanswer = {'ids': {'b', 'a'}, 'at': datetime.datetime(2024, 1, 2, 3, 4)}")
     assert r.answer == {"ids": ["a", "b"], "at": "2024-01-02T03:04:00"}
     r = sandbox.run("class P:\n    def __repr__(self): return 'P()'\nanswer = P()")
