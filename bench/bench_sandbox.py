@@ -23,8 +23,7 @@ from collections.abc import Callable
 
 import orjson
 
-from fhirgym.agents import Sandbox, SandboxLimits, sandbox_probe
-from fhirgym.agents import _sandbox
+from fhirgym.agents import Sandbox, SandboxLimits, _sandbox, sandbox_probe
 
 
 def _ms(fn: Callable[[], object], n: int, warmup: int = 3) -> list[float]:

@@ -11,6 +11,7 @@ must be exercised. Only a non-root run without the layers is skipped, with the r
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import socket
@@ -28,10 +29,10 @@ from fhirgym.agents import (
     SandboxProbe,
     SandboxResult,
     SandboxUnavailable,
+    _sandbox,
     sandbox_available,
     sandbox_probe,
 )
-from fhirgym.agents import _sandbox
 
 #: Tight limits keep every escape short; each test that needs a different one says so.
 LIMITS = SandboxLimits(cpu_s=2, wall_s=10, memory_bytes=512 << 20, file_bytes=1 << 20, tmp_bytes=4 << 20,
@@ -90,7 +91,9 @@ def _host_unharmed(sb: Sandbox, r: SandboxResult) -> None:
     assert nxt.ok and nxt.answer == 42, nxt
 
 
-def _escape(name: str, stopped_by: str, r: SandboxResult, within_s: float) -> None:
+def _escape(name: str, stopped_by: str, r: SandboxResult, within_s: float = LIMITS.wall_s) -> None:
+    """Print the escape's row; it must have ended within its limit (the wall clock unless said: CPU-time
+    limits take longer in wall time on a loaded machine)."""
     print(f"\nESCAPE | {name} | {stopped_by} | {r.duration_s:.2f} s")
     assert r.duration_s < within_s, r
 
@@ -186,7 +189,7 @@ def test_host_file_helpers_never_follow_planted_symlinks(sandbox: Sandbox, outsi
 def test_unavailable_refuses_unless_unsafe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     missing = SandboxProbe(missing=("bubblewrap (bwrap) not found: install it with `bash scripts/_sandbox.sh`",))
     monkeypatch.setattr(_sandbox, "sandbox_probe", lambda refresh=False: missing)
-    with Sandbox(tmp_path / "ws", LIMITS) as sb, pytest.raises(SandboxUnavailable, match="bwrap.*--unsafe-python"):
+    with Sandbox(tmp_path / "ws", LIMITS) as sb, pytest.raises(SandboxUnavailable, match=r"bwrap.*--unsafe-python"):
         sb.run("answer = 1")
     with Sandbox(tmp_path / "ws", LIMITS, unsafe=True) as sb:  # explicit: a plain process with rlimits only
         r = sb.run("import os\nanswer = os.getcwd()")
@@ -224,7 +227,7 @@ def test_escape_write_outside_workspace(sandbox: Sandbox, outside: Path):
     r2 = sandbox.run(_ATTEMPT + "answer = {t: attempt(lambda t=t: open(t, 'w').write('x')) for t in targets}",
                      {"targets": targets})
     assert set(r2.answer) == set(targets) and "DONE" not in r2.answer.values(), r2.answer
-    _escape("write outside the workspace", "mount namespace: nothing else mounted, root read-only", r, 5)
+    _escape("write outside the workspace", "mount namespace: nothing else mounted, root read-only", r)
     _host_unharmed(sandbox, r)
 
 
@@ -234,9 +237,11 @@ def test_escape_read_another_episodes_workspace(sandbox: Sandbox, tmp_path: Path
         secret = other.workspace / "secret.txt"
         r = sandbox.run(f"import os\nprint(sorted(os.listdir('/')))\nopen({str(secret)!r}).read()")
         assert not r.ok and "FileNotFoundError" in r.error
-        assert r.stdout == "['dev', 'lib', 'lib64', 'proc', 'root', 'tmp', 'usr', 'workspace']\n"
+        exe_top = Path(_sandbox._interpreter()[0]).parts[1]  # e.g. usr, or root for a pyenv interpreter
+        allowed = {"dev", "proc", "tmp", "workspace", "usr", "lib", "lib64", "lib32", exe_top}
+        assert set(ast.literal_eval(r.stdout)) <= allowed, r.stdout
         assert secret.read_text() == "episode b"
-    _escape("read another episode's workspace", "mount namespace: other workspaces not mounted", r, 5)
+    _escape("read another episode's workspace", "mount namespace: other workspaces not mounted", r)
     _host_unharmed(sandbox, r)
 
 
@@ -253,8 +258,18 @@ def test_escape_read_world_file(sandbox: Sandbox, tmp_path: Path):
     assert r.ok and set(r.answer) == set(paths) and set(r.answer.values()) == {"FileNotFoundError"}, r
     r = sandbox.run(f"open({str(world)!r}, 'rb').read()")
     assert "FileNotFoundError" in r.error
-    _escape("read the world file", "mount namespace: ~/.cache/fhirgym not mounted", r, 5)
+    _escape("read the world file", "mount namespace: ~/.cache/fhirgym not mounted", r)
     _host_unharmed(sandbox, r)
+
+
+def test_nothing_of_the_project_or_venv_is_mounted():
+    root = Path(fhirgym.__file__).resolve().parents[2]
+    argv = Sandbox(limits=LIMITS)._argv(_sandbox.PROTECTIONS, "id", 3, 4)
+    sources = [argv[i + 1] for i, a in enumerate(argv) if a in ("--ro-bind", "--bind")]
+    assert sources and all(not s.startswith(str(root) + "/") for s in sources if "fhirgym-ws-" not in s), sources
+    if sys.prefix != sys.base_prefix:
+        assert not any(s.startswith(sys.prefix + "/") for s in sources), sources
+    assert not any(s.startswith(str(Path.home() / ".cache")) for s in sources), sources
 
 
 def test_escape_read_project_tree(sandbox: Sandbox):
@@ -268,7 +283,7 @@ def test_escape_read_project_tree(sandbox: Sandbox):
                      {"paths": paths})
     assert set(r2.answer.values()) == {"FileNotFoundError"}, r2.answer
     assert "ModuleNotFoundError" in sandbox.run("import orjson").error  # site-packages hidden
-    _escape("read the project tree", "mount namespace: only the interpreter and its stdlib mounted", r, 5)
+    _escape("read the project tree", "mount namespace: only the interpreter and its stdlib mounted", r)
     _host_unharmed(sandbox, r)
 
 
@@ -338,7 +353,7 @@ def test_escape_open_socket(sandbox: Sandbox, tcp_server, tmp_path: Path):
         usrv.close()
     assert accepted == []
     _escape("open a socket (AF_INET to the host's loopback server, AF_UNIX, raw syscall, io_uring)",
-            "seccomp (EPERM on socket, io_uring_setup); behind it an empty network namespace", r, 5)
+            "seccomp (EPERM on socket, io_uring_setup); behind it an empty network namespace", r)
     _host_unharmed(sandbox, r)
 
 
@@ -358,7 +373,7 @@ def test_escape_subprocess_and_fork_bomb(sandbox: Sandbox):
     assert "FileNotFoundError" in sandbox.run("import subprocess\nsubprocess.run(['sh', '-c', 'id'])").error
     r = sandbox.run("import os\nwhile True:\n    os.fork()")
     assert not r.ok and "BlockingIOError" in r.error and r.limit == "pids", r
-    _escape("fork bomb", f"pids cgroup (pids.max={LIMITS.pids})", r, 5)
+    _escape("fork bomb", f"pids cgroup (pids.max={LIMITS.pids})", r)
     _host_unharmed(sandbox, r)
 
 
@@ -371,7 +386,7 @@ def test_processes_left_behind_die_with_the_call(sandbox: Sandbox):
 def test_escape_10gb_allocation(sandbox: Sandbox):
     r = sandbox.run("x = bytearray(10 * 2**30)")
     assert not r.ok and r.error.rstrip().endswith("MemoryError") and r.limit == "memory"
-    _escape("10 GB allocation", f"RLIMIT_AS ({LIMITS.memory_bytes >> 20} MiB): MemoryError", r, 5)
+    _escape("10 GB allocation", f"RLIMIT_AS ({LIMITS.memory_bytes >> 20} MiB): MemoryError", r)
     _host_unharmed(sandbox, r)
 
 
@@ -389,11 +404,11 @@ def test_escape_memory_growth_past_the_cgroup(tmp_path: Path):
 def test_escape_infinite_loop(sandbox: Sandbox):
     r = sandbox.run("while True:\n    pass")
     assert not r.ok and r.limit == "cpu" and "CPU time limit of 2 s exceeded" in r.error
-    _escape("infinite loop", f"RLIMIT_CPU ({LIMITS.cpu_s} s): SIGXCPU", r, LIMITS.cpu_s + 3)
+    _escape("infinite loop", f"RLIMIT_CPU ({LIMITS.cpu_s} s): SIGXCPU", r)
     _host_unharmed(sandbox, r)
     r = sandbox.run("import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass")
     assert not r.ok and r.limit == "cpu" and "killed" in r.error, r
-    _escape("infinite loop ignoring SIGXCPU", "RLIMIT_CPU hard limit (+1 s): SIGKILL", r, LIMITS.cpu_s + 4)
+    _escape("infinite loop ignoring SIGXCPU", "RLIMIT_CPU hard limit (+1 s): SIGKILL", r)
     _host_unharmed(sandbox, r)
 
 
@@ -401,7 +416,7 @@ def test_escape_sleep_forever(tmp_path: Path):
     with Sandbox(tmp_path / "ws", SandboxLimits(wall_s=1.0)) as sb:
         r = sb.run("import time\ntime.sleep(3600)")
         assert r.timed_out and r.limit == "wall" and "wall-clock limit exceeded" in r.error
-        _escape("sleep forever", "wall clock (1 s): SIGKILL to bwrap, pid namespace torn down", r, 2.5)
+        _escape("sleep forever", "wall clock (1 s): SIGKILL to bwrap, pid namespace torn down", r, 3)
         _host_unharmed(sb, r)
 
 
@@ -411,9 +426,26 @@ def test_escape_gigabyte_of_output(sandbox: Sandbox, stream: str):
     r = sandbox.run(f"import sys\nfor _ in range(16384):\n    sys.{stream}.write('x' * 65536)")  # 1 GiB
     assert not r.ok and r.limit == "output" and r.truncated
     assert len(r.stdout) + len(r.stderr) == LIMITS.output_bytes
-    assert time.monotonic() - t0 < 5
-    _escape(f"1 GB of {stream}", f"output cap ({LIMITS.output_bytes >> 10} KiB read, then SIGKILL)", r, 5)
+    assert time.monotonic() - t0 < LIMITS.wall_s
+    _escape(f"1 GB of {stream}", f"output cap ({LIMITS.output_bytes >> 10} KiB read, then SIGKILL)", r)
     _host_unharmed(sandbox, r)
+
+
+def test_escape_huge_answer(sandbox: Sandbox):
+    r = sandbox.run("answer = 'x' * (10 << 20)")
+    assert not r.ok and r.limit == "output" and "the answer" in r.error and r.answer is None
+    _escape("10 MB answer", f"result cap ({LIMITS.output_bytes >> 10} KiB read, then SIGKILL)", r)
+    _host_unharmed(sandbox, r)
+
+
+def test_stale_cgroups_of_dead_hosts_are_swept():
+    p = sandbox_probe()
+    dead = 2**22 + 12345  # above the default pid_max: no such process
+    stale = [os.path.join(parent, f"fhirgym-sandbox-{dead}-1") for parent in (p.cgroup_pids, p.cgroup_memory)]
+    for d in stale:
+        os.mkdir(d)
+    assert sandbox_probe(refresh=True).available
+    assert not any(os.path.exists(d) for d in stale)
 
 
 def test_escape_fill_the_disk(sandbox: Sandbox):
@@ -422,5 +454,5 @@ def test_escape_fill_the_disk(sandbox: Sandbox):
     assert (sandbox.workspace / "big.bin").stat().st_size <= LIMITS.file_bytes
     r = sandbox.run("for i in range(16):\n    open(f'/tmp/f{i}', 'wb').write(b'x' * (512 << 10))")
     assert "No space left on device" in r.error  # the private /tmp is a small tmpfs
-    _escape("fill the disk (workspace file, /tmp)", "RLIMIT_FSIZE; tmpfs size", r, 5)
+    _escape("fill the disk (workspace file, /tmp)", "RLIMIT_FSIZE; tmpfs size", r)
     _host_unharmed(sandbox, r)

@@ -31,6 +31,7 @@ work (``SandboxResult.protections`` lists them); never a bare in-process ``exec`
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import itertools
@@ -253,11 +254,19 @@ _run()
 # --- probing the machine -----------------------------------------------------------------------------------
 
 
+def _base_paths() -> dict[str, str]:
+    """The base interpreter's install paths: in a venv, sysconfig's own ``platstdlib`` and ``purelib``
+    point into the venv (the project's packages), which must never be mounted."""
+    return sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix,
+                                     "installed_base": sys.base_prefix, "installed_platbase": sys.base_exec_prefix})
+
+
 @functools.cache
 def _interpreter() -> tuple[str, tuple[str, ...]]:
     """The real interpreter (a venv's ``python`` is a symlink to it) and the host paths it needs."""
     exe = os.path.realpath(sys.executable)
-    paths = [exe, sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")]
+    base = _base_paths()
+    paths = [exe, base["stdlib"], base["platstdlib"]]
     if sysconfig.get_config_var("Py_ENABLE_SHARED"):
         lib = os.path.join(sysconfig.get_config_var("LIBDIR") or "", sysconfig.get_config_var("INSTSONAME") or "")
         if os.path.exists(lib):
@@ -286,9 +295,10 @@ def _python_binds() -> tuple[str, ...]:
     for p in dict.fromkeys(paths):
         if not any(p == c or p.startswith(c.rstrip("/") + "/") for c in covered):
             args += ["--ro-bind", p, p]
-    site = sysconfig.get_path("purelib", vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix})
-    if os.path.isdir(site) and site.startswith(sysconfig.get_path("stdlib") + "/"):
-        args += ["--tmpfs", site, "--remount-ro", site]
+    base = _base_paths()
+    for site in dict.fromkeys((base["purelib"], base["platlib"])):
+        if os.path.isdir(site) and site.startswith(base["stdlib"] + "/"):
+            args += ["--tmpfs", site, "--remount-ro", site]
     return tuple(args)
 
 
@@ -317,7 +327,7 @@ def _cgroup_parent(controller: str) -> tuple[str | None, str]:
         fstype, _, options = right.split(" ", 2)
         mnt = left.split()[4]
         if v1_path is not None and fstype == "cgroup" and controller in options.split()[-1].split(","):
-            parent = os.path.join(mnt, v1_path.lstrip("/"))
+            parent = os.path.normpath(os.path.join(mnt, v1_path.lstrip("/")))
             return (parent, "") if os.access(parent, os.W_OK) else (None, f"{parent} is not writable")
         if v1_path is None and v2_path is not None and fstype == "cgroup2":
             try:
@@ -325,7 +335,7 @@ def _cgroup_parent(controller: str) -> tuple[str | None, str]:
                     continue
             except OSError:
                 continue
-            for parent in dict.fromkeys((os.path.join(mnt, v2_path.lstrip("/")), mnt)):
+            for parent in dict.fromkeys((os.path.normpath(os.path.join(mnt, v2_path.lstrip("/"))), mnt)):
                 try:  # a non-root cgroup with processes cannot delegate controllers (EBUSY): try the root
                     Path(parent, "cgroup.subtree_control").write_text(f"+{controller}")
                     return parent, ""
@@ -390,11 +400,25 @@ def _probe() -> SandboxProbe:
             except OSError as exc:
                 parent, why = None, f"cannot create a child cgroup in {parent}: {exc}"
         parents[ctrl] = parent
+        if parent is not None:
+            _sweep_stale(parent)
         if parent is None:
             details[f"cgroup-{ctrl}"] = why
             missing.append(f"{ctrl} cgroup unavailable ({why}); needs root or a delegated cgroup")
     return SandboxProbe(bwrap=bwrap, namespaces=namespaces, seccomp=seccomp, cgroup_pids=parents["pids"],
                         cgroup_memory=parents["memory"], missing=tuple(missing), details=details)
+
+
+def _sweep_stale(parent: str) -> None:
+    """Remove per-call cgroups left by a host process that died mid-call (their processes died with it)."""
+    for entry in os.scandir(parent):
+        if entry.name.startswith("fhirgym-sandbox-") and entry.is_dir():
+            pid = entry.name.split("-")[2]
+            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                try:
+                    os.rmdir(entry.path)
+                except OSError:
+                    continue
 
 
 def sandbox_probe(refresh: bool = False) -> SandboxProbe:
@@ -477,10 +501,8 @@ class _Cgroup:
                 except OSError:
                     pids = []
                 for pid in pids:
-                    try:
+                    with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
                 try:
                     os.rmdir(d)
                     break
@@ -562,10 +584,8 @@ class Sandbox:
         try:
             for part in parts[:-1]:
                 if create:
-                    try:
+                    with contextlib.suppress(FileExistsError):
                         os.mkdir(part, 0o700, dir_fd=fd)
-                    except FileExistsError:
-                        pass
                 nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
                 os.close(fd)
                 fd = nxt
@@ -660,10 +680,8 @@ class Sandbox:
 def _kill(proc: subprocess.Popen) -> None:
     """SIGKILL the call's process group (bwrap: its pid namespace dies with it) and reap it."""
     if proc.poll() is None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     proc.wait()
     for f in (proc.stdin, proc.stdout, proc.stderr):
         if f is not None:
@@ -672,7 +690,7 @@ def _kill(proc: subprocess.Popen) -> None:
 
 def _pump(proc: subprocess.Popen, payload: bytes, result_fd: int, deadline: float,
           cap: int) -> tuple[bytes, bytes, bytes, str | None]:
-    """Feed stdin, read stdout/stderr/result until EOF, the deadline ("wall") or the output cap ("output")."""
+    """Feed stdin, read stdout/stderr/result until EOF, the deadline ("wall") or a cap ("output", "answer")."""
     assert proc.stdin and proc.stdout and proc.stderr
     bufs: dict[int, bytearray] = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray(),
                                   result_fd: bytearray()}
@@ -711,8 +729,11 @@ def _pump(proc: subprocess.Popen, payload: bytes, result_fd: int, deadline: floa
                     sel.unregister(fd)
                     continue
                 bufs[fd] += chunk
-                if len(bufs[proc.stdout.fileno()]) + len(bufs[proc.stderr.fileno()]) > cap or len(bufs[result_fd]) > cap:
+                if len(bufs[result_fd]) > cap:
+                    reason = "answer"
+                elif len(bufs[proc.stdout.fileno()]) + len(bufs[proc.stderr.fileno()]) > cap:
                     reason = "output"
+                if reason:
                     break
             if reason:
                 break
@@ -753,6 +774,9 @@ def _result(lim: SandboxLimits, rc: int | None, out: bytes, err: bytes, res: byt
     elif reason == "output":
         r.limit = "output"
         r.error = f"output limit exceeded: more than {lim.output_bytes} bytes of output; killed"
+    elif reason == "answer":
+        r.limit = "output"
+        r.error = f"output limit exceeded: the answer (or traceback) is over {lim.output_bytes} bytes; killed"
     elif stats["oom_kills"]:
         r.limit = "memory"
         r.error = f"memory limit exceeded: the call's processes passed {lim.memory_bytes} bytes and were killed"
