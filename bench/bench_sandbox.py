@@ -19,22 +19,11 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 
 import orjson
 
+from bench_tools import _time_sync
 from fhirgym.agents import Sandbox, SandboxLimits, _sandbox, sandbox_probe
-
-
-def _ms(fn: Callable[[], object], n: int, warmup: int = 3) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t) * 1000)
-    return samples
 
 
 def _row(label: str, samples: list[float]) -> None:
@@ -79,23 +68,23 @@ def main() -> None:
     print(f"load average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores\n")
     exe, _ = _sandbox._interpreter()
     _row("floor: python -I -S -c pass (no sandbox)",
-         _ms(lambda: subprocess.run([exe, "-I", "-S", "-c", "pass"], check=True), args.n))
+         _time_sync(lambda: subprocess.run([exe, "-I", "-S", "-c", "pass"], check=True), args.n, 3))
     limits = SandboxLimits()
     for layers, label in ((("rlimits",), "bootstrap + rlimits (the --unsafe-python fallback)"),
                           (("bwrap", "rlimits"), "+ bubblewrap"),
                           (("bwrap", "seccomp", "rlimits"), "+ seccomp")):
         with _Layers(layers, limits=limits) as sb:
-            _row(f"answer = 1: {label}", _ms(lambda sb=sb: sb.run("answer = 1"), args.n))
+            _row(f"answer = 1: {label}", _time_sync(lambda sb=sb: sb.run("answer = 1"), args.n, 3))
     with Sandbox(limits=limits) as sb:
-        _row("answer = 1: full sandbox (+ pids and memory cgroups)", _ms(lambda: sb.run("answer = 1"), args.n))
-        _row("print('hello'), no answer: full sandbox", _ms(lambda: sb.run("print('hello')"), args.n))
+        _row("answer = 1: full sandbox (+ pids and memory cgroups)", _time_sync(lambda: sb.run("answer = 1"), args.n, 3))
+        _row("print('hello'), no answer: full sandbox", _time_sync(lambda: sb.run("print('hello')"), args.n, 3))
         res = _resources(1 << 20)
         size = len(orjson.dumps(res))
         code = "answer = len(retrieved_resources['Observation'])"
         r = sb.run(code, {"retrieved_resources": res})
         assert r.ok and r.answer == len(res["Observation"]), r
         _row(f"1 MB retrieved_resources ({size / 1e6:.2f} MB, {r.answer} Observations): full",
-             _ms(lambda: sb.run(code, {"retrieved_resources": res}), args.n))
+             _time_sync(lambda: sb.run(code, {"retrieved_resources": res}), args.n, 3))
     print()
     state: dict[str, Sandbox] = {}
 
@@ -121,7 +110,7 @@ def main() -> None:
         teardowns.append((time.perf_counter() - t) * 1000)
     _row("episode setup: Sandbox() with its own workspace", setups)
     _row("episode teardown: close() (workspace with a file removed)", teardowns)
-    _row("episode: setup + write an input file + first call + teardown", _ms(first_call, args.n))
+    _row("episode: setup + write an input file + first call + teardown", _time_sync(first_call, args.n, 3))
     print(f"\npython {sys.version.split()[0]}, bwrap {p.bwrap}, cgroups pids={p.cgroup_pids} "
           f"memory={p.cgroup_memory}")
 

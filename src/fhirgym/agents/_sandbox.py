@@ -153,10 +153,11 @@ class SandboxProbe:
 #: faster than json on 1 MB; written by the host with the same interpreter), runs the code in a fresh
 #: namespace holding the inputs, and writes {"error", "answer_repr", "answer"} as JSON to the result fd (the
 #: host never unmarshals what the code made). Start-up is most of a call's cost, so it never imports
-#: ``json`` (``re`` and ``enum`` with it: ~10 ms): a small encoder over ``_json``'s C string escaper writes
-#: the answer; ``traceback`` is imported only on an error. Processes the code forks end without a result.
+#: ``json`` nor ``signal`` (``re`` and ``enum`` with them: ~10 ms): a small encoder over ``_json``'s C string
+#: escaper writes the answer, ``_signal`` is the C module; ``traceback`` is imported only on an error.
+#: Processes the code forks end without a result.
 _BOOT = r"""# fhirgym-sandbox-boot
-import marshal, os, resource, signal, sys
+import _signal, marshal, os, resource, sys
 from _json import encode_basestring_ascii as _esc
 cpu, aspace, fsize, nofile, rfd = (int(a) for a in sys.argv[1:6])
 for r, v in ((resource.RLIMIT_CORE, 0), (resource.RLIMIT_FSIZE, fsize), (resource.RLIMIT_NOFILE, nofile),
@@ -166,7 +167,7 @@ class CPUTimeLimitExceeded(BaseException):
     pass
 def _xcpu(signum, frame):
     raise CPUTimeLimitExceeded(f"CPU time limit of {cpu} s exceeded")
-signal.signal(signal.SIGXCPU, _xcpu)
+_signal.signal(_signal.SIGXCPU, _xcpu)
 payload = marshal.loads(sys.stdin.buffer.read())
 null = os.open(os.devnull, os.O_RDONLY)
 os.dup2(null, 0)
