@@ -16,6 +16,7 @@ import json
 import os
 import socket
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -143,7 +144,7 @@ def test_exception_traceback_names_the_code_lines(sandbox: Sandbox):
     assert 'File "<python>", line 4, in <module>' in r.error
     assert 'File "<python>", line 3, in f' in r.error
     assert r.error.rstrip().endswith("ZeroDivisionError: division by zero")
-    assert "fhirgym-sandbox-boot" not in r.error and '"<string>"' not in r.error
+    assert "fhirgym-sandbox-boot" not in r.error and "<fhirgym-boot>" not in r.error
     r = sandbox.run("x = (")
     assert "SyntaxError" in r.error
     assert sandbox.run("import sys\nsys.exit(0)").ok
@@ -238,7 +239,7 @@ def test_escape_read_another_episodes_workspace(sandbox: Sandbox, tmp_path: Path
         r = sandbox.run(f"import os\nprint(sorted(os.listdir('/')))\nopen({str(secret)!r}).read()")
         assert not r.ok and "FileNotFoundError" in r.error
         exe_top = Path(_sandbox._interpreter()[0]).parts[1]  # e.g. usr, or root for a pyenv interpreter
-        allowed = {"dev", "proc", "tmp", "workspace", "usr", "lib", "lib64", "lib32", exe_top}
+        allowed = {"dev", "proc", "tmp", "workspace", "usr", "lib", "lib64", "lib32", "fhirgym-boot.pyc", exe_top}
         assert set(ast.literal_eval(r.stdout)) <= allowed, r.stdout
         assert secret.read_text() == "episode b"
     _escape("read another episode's workspace", "mount namespace: other workspaces not mounted", r)
@@ -264,9 +265,12 @@ def test_escape_read_world_file(sandbox: Sandbox, tmp_path: Path):
 
 def test_nothing_of_the_project_or_venv_is_mounted():
     root = Path(fhirgym.__file__).resolve().parents[2]
-    argv = Sandbox(limits=LIMITS)._argv(_sandbox.PROTECTIONS, "id", 3, 4)
-    sources = [argv[i + 1] for i, a in enumerate(argv) if a in ("--ro-bind", "--bind")]
-    assert sources and all(not s.startswith(str(root) + "/") for s in sources if "fhirgym-ws-" not in s), sources
+    with Sandbox(limits=LIMITS) as sb:
+        argv = sb._argv(_sandbox.PROTECTIONS, "id", 3, 4)
+        sources = [argv[i + 1] for i, a in enumerate(argv) if a in ("--ro-bind", "--bind")]
+        assert [s for s in sources if s.startswith(tempfile.gettempdir() + "/")] == [_sandbox._boot_pyc(),
+                                                                                     str(sb.workspace)]
+    assert not any(s.startswith(str(root) + "/") for s in sources), sources
     if sys.prefix != sys.base_prefix:
         assert not any(s.startswith(sys.prefix + "/") for s in sources), sources
     assert not any(s.startswith(str(Path.home() / ".cache")) for s in sources), sources
