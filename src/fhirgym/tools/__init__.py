@@ -1,4 +1,5 @@
-"""Agent-facing tools, each defined once and served in process, over MCP and to RL environments.
+"""Agent-facing tools, each defined once and served in process, over MCP and to RL environments; and the
+sandbox the ``python`` tool runs code in (``_sandbox.py``, threat model in docs/SANDBOX.md).
 
     from fhirgym.tools import FHIR_TOOLS, Toolbox, ToolContext
     box = Toolbox(FHIR_TOOLS, ToolContext(client))
@@ -15,6 +16,15 @@ from ._fhir import (
     LIST_RESOURCE_TYPES,
     SEARCH_RESOURCES,
     UPDATE_RESOURCE,
+)
+from ._sandbox import (
+    Sandbox,
+    SandboxLimits,
+    SandboxProbe,
+    SandboxResult,
+    SandboxUnavailable,
+    sandbox_available,
+    sandbox_probe,
 )
 from ._specs import (
     GET_DATA_TYPE_DEFINITION,
@@ -38,9 +48,16 @@ __all__ = [
     "SEARCH_RESOURCES",
     "SPEC_TOOLS",
     "UPDATE_RESOURCE",
+    "Sandbox",
+    "SandboxLimits",
+    "SandboxProbe",
+    "SandboxResult",
+    "SandboxUnavailable",
     "Tool",
     "ToolCall",
     "ToolContext",
     "ToolError",
     "Toolbox",
+    "sandbox_available",
+    "sandbox_probe",
 ]
