@@ -1,7 +1,8 @@
 """Agents and the model backends they run on.
 
 An agent has ``name`` and ``run(AgentTask) -> AgentResult`` (see ``_agent.py``). Built in: ``react``
-(tool-calling loop over any :class:`ChatBackend`), ``reference``, the floors ``null``, ``nothing-found``
+(tool-calling loop over any :class:`ChatBackend`), ``codeact`` (the model writes Python that runs in the
+episode's sandbox: docs/CODEACT.md), ``reference``, the floors ``null``, ``nothing-found``
 and ``guess``, ``cmd:PROGRAM`` (an external program talking MCP) and any ``package.module:Class``. Backends: OpenAI(-compatible) endpoints, the
 embedded llama.cpp models, and a scripted backend for tests (``make_backend("local/qwen2.5-coder-1.5b")``).
 """
@@ -9,7 +10,16 @@ embedded llama.cpp models, and a scripted backend for tests (``make_backend("loc
 from ._agent import STOP_REASONS, Agent, AgentResult, AgentTask, clock_block, instantiate, load_class
 from ._backend import BackendError, ChatBackend, ChatResult, ContextLengthExceeded, ToolCall, make_backend
 from ._builtin import CommandAgent, GuessAgent, NothingFoundAgent, NullAgent, ReferenceAgent
-from ._factory import BUILTIN_AGENTS, DEFAULT_MODEL, INFRASTRUCTURE_ERRORS, make_agent, needs_model
+from ._codeact import CODE_BLOCK, CodeActAgent
+from ._factory import (
+    BUILTIN_AGENTS,
+    DEFAULT_MODEL,
+    INFRASTRUCTURE_ERRORS,
+    MODEL_AGENTS,
+    default_iterations,
+    make_agent,
+    needs_model,
+)
 from ._react import SYSTEM_PROMPT, ReactAgent
 from ._scripted import ScriptedBackend
 from ._toolcalls import parse_tool_calls
@@ -17,8 +27,10 @@ from ._weights import ModelUnavailable, model_path
 
 __all__ = [
     "BUILTIN_AGENTS",
+    "CODE_BLOCK",
     "DEFAULT_MODEL",
     "INFRASTRUCTURE_ERRORS",
+    "MODEL_AGENTS",
     "STOP_REASONS",
     "SYSTEM_PROMPT",
     "Agent",
@@ -27,6 +39,7 @@ __all__ = [
     "BackendError",
     "ChatBackend",
     "ChatResult",
+    "CodeActAgent",
     "CommandAgent",
     "ContextLengthExceeded",
     "GuessAgent",
@@ -38,6 +51,7 @@ __all__ = [
     "ScriptedBackend",
     "ToolCall",
     "clock_block",
+    "default_iterations",
     "instantiate",
     "load_class",
     "make_agent",

@@ -1,9 +1,10 @@
 """The ReAct tool-calling agent: a chat model, the episode's tools, at most ``max_iterations`` turns.
 
-System prompt, then the clock block (the task's frozen now) and the task prompt as the user turn; each turn the model either calls
-tools (every call runs through the episode's toolbox and its JSON result goes back as a ``tool``
-message) or replies without a call, which ends the episode. When the context fills up, the oldest tool
-results are elided (with a note saying so) rather than failing the episode outright.
+System prompt, then the clock block (the task's frozen now) and the task prompt as the user turn; each turn
+the model either calls tools (every call runs through the episode's toolbox and its JSON result goes back
+as a ``tool`` message) or replies without a call, which ends the episode (so does a ``finish`` call, where
+granted). When the context fills up, the oldest tool results are elided (with a note saying so) rather
+than failing the episode outright.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 
 import orjson
 
+from ..tools import final_answer_of
 from ._agent import AgentResult, AgentTask, clock_block
 from ._backend import BackendError, ChatBackend, ContextLengthExceeded
 
@@ -28,6 +30,8 @@ ELIDED = "[earlier tool output elided to fit the context window]"
 #: Closes the first user turn. Small local models otherwise jump straight to the answer format the task
 #: prompt ends with, without looking anything up (measured on Qwen2.5-Coder-1.5B).
 NUDGE = "Start by calling a tool to look up what you need."
+#: Opens the user message that carries the result of a code block (CodeAct), so elision can find it.
+OBSERVATION = "Execution result:\n"
 
 
 class ReactAgent:
@@ -44,41 +48,61 @@ class ReactAgent:
         self.system_prompt = system_prompt
         self.seed = seed
 
+    nudge = NUDGE
+
     def run(self, task: AgentTask) -> AgentResult:
-        system = self.system_prompt
-        if task.instructions:
-            system += "\n\n" + task.instructions
-        # The clock opens the user turn, not the system prompt: system prompt + tool schemas then form the
-        # same prefix in every episode, which a local model reuses from its KV cache (no prefill).
-        user = clock_block(task.now) + "\n\n" + task.prompt + "\n\n" + NUDGE
-        messages: list[dict] = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-        result = AgentResult(None, "max_iterations", messages=messages)
-        schemas = task.tools.schemas()
-        limit = min(task.max_iterations, self.max_iterations)
+        messages, result, schemas, limit = self._start(task)
         while result.iterations < limit:
             result.iterations += 1
             reply = self._chat(messages, schemas, result)
             if reply is None:
                 return result
-            call_msgs = [{"id": f"call_{result.iterations}_{i}" if not c.id or c.id.startswith("call_") else c.id,
-                          "type": "function",
-                          "function": {"name": c.name, "arguments": orjson.dumps(c.arguments).decode()}}
-                         for i, c in enumerate(reply.tool_calls)]
-            assistant: dict = {"role": "assistant", "content": reply.text or ""}
-            if call_msgs:
-                assistant["tool_calls"] = call_msgs
-            messages.append(assistant)
+            call_msgs = self._record(reply, result, messages)
             if not reply.tool_calls:
-                text = (reply.text or "").strip()
-                result.final_answer = text or None
-                gave_up = not text or ("<answer>" not in text.lower() and _GAVE_UP.search(text))
-                result.stop_reason = "gave_up" if gave_up else "answered"
+                _answer(reply.text, result)
                 return result
-            for call, msg in zip(reply.tool_calls, call_msgs, strict=True):
-                done = task.tools.call(call.name, call.arguments)
-                messages.append({"role": "tool", "tool_call_id": msg["id"], "name": call.name,
-                                 "content": orjson.dumps(done.output, default=str).decode()})
+            if self._call_tools(task, reply, call_msgs, messages, result):
+                return result
         return result
+
+    def _start(self, task: AgentTask) -> tuple[list[dict], AgentResult, list[dict], int]:
+        """The opening messages, an empty result, the tool schemas and the turn limit."""
+        system = self.system_prompt
+        if task.instructions:
+            system += "\n\n" + task.instructions
+        # The clock opens the user turn, not the system prompt: system prompt + tool schemas then form the
+        # same prefix in every episode, which a local model reuses from its KV cache (no prefill).
+        user = clock_block(task.now) + "\n\n" + task.prompt + "\n\n" + self.nudge
+        messages: list[dict] = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        result = AgentResult(None, "max_iterations", messages=messages)
+        return messages, result, task.tools.schemas(), min(task.max_iterations, self.max_iterations)
+
+    @staticmethod
+    def _record(reply, result: AgentResult, messages: list[dict]) -> list[dict]:
+        """Append the model's reply as an assistant message; returns its tool calls in OpenAI form."""
+        call_msgs = [{"id": f"call_{result.iterations}_{i}" if not c.id or c.id.startswith("call_") else c.id,
+                      "type": "function",
+                      "function": {"name": c.name, "arguments": orjson.dumps(c.arguments).decode()}}
+                     for i, c in enumerate(reply.tool_calls)]
+        assistant: dict = {"role": "assistant", "content": reply.text or ""}
+        if call_msgs:
+            assistant["tool_calls"] = call_msgs
+        messages.append(assistant)
+        return call_msgs
+
+    @staticmethod
+    def _call_tools(task: AgentTask, reply, call_msgs: list[dict], messages: list[dict],
+                    result: AgentResult) -> bool:
+        """Run the reply's tool calls, appending their results; True when a ``finish`` call ended the episode."""
+        for call, msg in zip(reply.tool_calls, call_msgs, strict=True):
+            done = task.tools.call(call.name, call.arguments)
+            messages.append({"role": "tool", "tool_call_id": msg["id"], "name": call.name,
+                             "content": orjson.dumps(done.output, default=str).decode()})
+            final = final_answer_of(done)
+            if final is not None:
+                result.final_answer, result.stop_reason = final, "answered"
+                return True
+        return False
 
     def _chat(self, messages: list[dict], schemas: list[dict], result: AgentResult):
         """One model turn; None when the episode must stop (infrastructure error or no room left)."""
@@ -106,9 +130,19 @@ class ReactAgent:
         return None
 
 
+def _answer(text: str | None, result: AgentResult) -> None:
+    """A reply without a call is the final answer (``gave_up`` when it is empty or a refusal)."""
+    text = (text or "").strip()
+    result.final_answer = text or None
+    gave_up = not text or ("<answer>" not in text.lower() and _GAVE_UP.search(text))
+    result.stop_reason = "gave_up" if gave_up else "answered"
+
+
 def _elide_oldest(messages: list[dict]) -> bool:
+    """Elide the oldest tool result (a ``tool`` message, or a code observation a CodeAct agent sent as user)."""
     for msg in messages:
-        if msg["role"] == "tool" and msg["content"] != ELIDED:
+        observation = msg["role"] == "user" and msg["content"].startswith(OBSERVATION)
+        if (msg["role"] == "tool" or observation) and msg["content"] != ELIDED:
             msg["content"] = ELIDED
             return True
     return False

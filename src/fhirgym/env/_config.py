@@ -3,7 +3,7 @@
 The registry is open: a layer above (memory, a user's package) registers its own configurations with
 :func:`register_config`, or ships them through the ``fhirgym.configs`` entry-point group, whose
 targets are loaded the first time an unknown name is asked for. ``baseline`` and ``specs`` are
-registered here because they only need the tools layer.
+and ``codeact`` are registered here because they only need the tools layer.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING
 
-from ..tools import FHIR_TOOLS, SPEC_TOOLS, Tool
+from ..tools import CODEACT_TOOLS, FHIR_TOOLS, SPEC_TOOLS, Tool
 
 if TYPE_CHECKING:
     from ..tasks import Instance
@@ -86,3 +86,7 @@ def configs() -> list[str]:
 BASELINE = register_config(Config("baseline", FHIR_TOOLS, "the six FHIR CRUD tools"))
 SPECS = register_config(Config("specs", FHIR_TOOLS + tuple(SPEC_TOOLS),
                                "the FHIR tools plus the four FHIR-spec tools"))
+CODEACT = register_config(Config(
+    "codeact", CODEACT_TOOLS + FHIR_TOOLS,
+    "CodeAct: fhir_query/fhir_get into a per-episode workspace, python in the sandbox (with the FHIR CRUD "
+    "operations as functions), finish; plus the six FHIR tools (docs/CODEACT.md)"))

@@ -49,7 +49,7 @@ import sysconfig
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -226,6 +226,8 @@ def _run():
     ns = {"__name__": "__main__", "__builtins__": __builtins__, "answer": None, **payload["inputs"]}
     main, error = os.getpid(), None
     try:
+        if payload.get("prelude"):  # host-given helpers (e.g. the FHIR functions); their frames are hidden
+            exec(compile(payload["prelude"], "<fhirgym-boot>", "exec"), ns)
         exec(compile(payload["code"], "<python>", "exec"), ns)
     except SystemExit as exc:
         if exc.code not in (None, 0):
@@ -645,24 +647,29 @@ class Sandbox:
             argv += ["--seccomp", str(seccomp_fd)]
         return [*argv, "--", *py]
 
-    def run(self, code: str, inputs: Mapping[str, Any] | None = None) -> SandboxResult:
-        """Run ``code`` with ``inputs`` (JSON values) as variables; never raises for the code's faults."""
+    def run(self, code: str, inputs: Mapping[str, Any] | None = None, *, prelude: str | None = None,
+            pass_fds: Sequence[int] = ()) -> SandboxResult:
+        """Run ``code`` with ``inputs`` (JSON values) as variables; never raises for the code's faults.
+
+        ``prelude``: trusted source run first in the same namespace (its frames are left out of tracebacks);
+        ``pass_fds``: host fds the code inherits (e.g. the pipes of a host-side RPC), closed here once started.
+        """
         layers = self.protections()
         try:
-            payload = marshal.dumps({"code": code, "inputs": dict(inputs or {})})
+            payload = marshal.dumps({"code": code, "inputs": dict(inputs or {}), "prelude": prelude})
         except ValueError as exc:
             raise TypeError(f"sandbox inputs must be JSON values: {exc}") from exc
         with self._lock:
-            return self._run(layers, payload)
+            return self._run(layers, payload, tuple(pass_fds))
 
-    def _run(self, layers: tuple[str, ...], payload: bytes) -> SandboxResult:
+    def _run(self, layers: tuple[str, ...], payload: bytes, extra_fds: tuple[int, ...] = ()) -> SandboxResult:
         lim = self.limits
         call_id = f"fhirgym-sandbox-{os.getpid()}-{next(_call_ids)}"
         p = sandbox_probe()
         cgroup = _Cgroup(call_id, lim, p.cgroup_pids if "cgroup-pids" in layers else None,
                          p.cgroup_memory if "cgroup-memory" in layers else None)
         result_r, result_w = os.pipe()
-        fds = [result_w]
+        fds = [result_w, *extra_fds]
         seccomp_fd = None
         if "seccomp" in layers:
             seccomp_fd, sw = os.pipe()
