@@ -313,7 +313,8 @@ def test_text_episode_runs_code_and_ends_on_finish(world):
     inst = make_instance("records.find_patient", 3, world)
     env = TextEpisode(inst, "codeact")
     try:
-        env.reset()
+        opening = env.reset()
+        assert "create_resource(resource_type, body)" in opening[0]["content"]  # the CodeAct prompt: python granted
         given, family = inst.params["name"].split()[0], inst.params["name"].split()[-1]
         step = env.step(f"```python\nanswer = [p['id'] for p in search('Patient', {{'given': {given!r}, "
                         f"'family': {family!r}, 'birthdate': {inst.params['birth_date']!r}}})]\n```")
@@ -325,3 +326,47 @@ def test_text_episode_runs_code_and_ends_on_finish(world):
         assert re.search(pid, env.episode.answer)
     finally:
         env.close()
+
+
+def test_the_codeact_tools_over_the_episodes_mcp_endpoint(world):
+    """Served over MCP like the others: same workspace, same checked calls, in the episode's call log."""
+    import anyio
+    from mcp import Client
+
+    inst = make_instance("records.find_patient", 0, world)
+    with Episode(inst, "codeact") as ep:
+        ep.reset()
+        pid = _patient_with(ep, "Condition")
+
+        async def main(url: str) -> tuple[list[str], dict, dict]:
+            async with Client(url) as client:
+                names = [t.name for t in (await client.list_tools()).tools]
+                fetched = await client.call_tool("fhir_query", {"resource_type": "Condition", "patient_id": pid})
+                ran = await client.call_tool("python", {"code": (
+                    "made = create_resource('Basic', {'code': {'text': 'over mcp'}})\n"
+                    "answer = [len(retrieved_resources['Condition']), made['id']]")})
+                return names, orjson.loads(fetched.content[0].text), orjson.loads(ran.content[0].text)
+
+        names, fetched, ran = anyio.run(main, ep.tools.mcp_url())
+        assert names == [t.name for t in CODEACT_TOOLS + FHIR_TOOLS]
+        n, made = ran["answer"]
+        assert n == fetched["fetched"]["Condition"] == len(ep.workspace.resources["Condition"]) > 0
+        assert [c.name for c in ep.calls][-3:] == ["fhir_query", "createResource", "python"]
+        assert [ch.key for ch in ep.submit(None).changes] == [f"Basic/{made}"]
+
+
+def test_eval_cli_takes_the_codeact_config_and_the_unsafe_flag(small_world_path, tmp_path):
+    from click.testing import CliRunner
+
+    from fhirgym.cli import main
+
+    out = tmp_path / "run"
+    res = CliRunner().invoke(main, ["eval", "--agent", "reference", "--config", "codeact", "--unsafe-python",
+                                    "--tasks", "records.find_patient", "--out", str(out), "--no-report",
+                                    "--world", str(small_world_path)])
+    assert res.exit_code == 0, res.output
+    run = orjson.loads((out / "run.json").read_bytes())
+    assert run["spec"]["unsafe_python"] is True and run["spec"]["config"] == "codeact"
+    assert run["identity"]["max_iterations"] == 15  # the reference agent's; codeact's own is 12
+    [line] = [orjson.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert line["config"] == "codeact" and line["status"] == "pass"

@@ -10,7 +10,7 @@ embedded llama.cpp models, and a scripted backend for tests (``make_backend("loc
 from ._agent import STOP_REASONS, Agent, AgentResult, AgentTask, clock_block, instantiate, load_class
 from ._backend import BackendError, ChatBackend, ChatResult, ContextLengthExceeded, ToolCall, make_backend
 from ._builtin import CommandAgent, GuessAgent, NothingFoundAgent, NullAgent, ReferenceAgent
-from ._codeact import CODE_BLOCK, CodeActAgent
+from ._codeact import CODE_BLOCK, CODEACT_SYSTEM_PROMPT, CodeActAgent
 from ._factory import (
     BUILTIN_AGENTS,
     DEFAULT_MODEL,
@@ -27,6 +27,7 @@ from ._weights import ModelUnavailable, model_path
 
 __all__ = [
     "BUILTIN_AGENTS",
+    "CODEACT_SYSTEM_PROMPT",
     "CODE_BLOCK",
     "DEFAULT_MODEL",
     "INFRASTRUCTURE_ERRORS",

@@ -23,7 +23,7 @@ CODE_BLOCK = re.compile(r"```(?:python|py)[ \t]*\n(.*?)```", re.S)
 #: The CodeAct turn cap: FHIR-AgentBench's multi-turn agents allow 30; 12 fits a small model's context.
 DEFAULT_TURNS = 12
 
-SYSTEM_PROMPT = """You are a careful health-IT assistant working on an HL7 FHIR R4 server by writing Python code.
+CODEACT_SYSTEM_PROMPT = """You are a careful health-IT assistant working on an HL7 FHIR R4 server by writing Python code.
 Each turn, write one ```python code block (or call a tool); you will see what it printed, the value of its
 variable `answer` and any error. When you are done, reply without code, in the answer format the request
 asks for (or call finish with it).
@@ -47,26 +47,20 @@ class CodeActAgent(ReactAgent):
     nudge = NUDGE
 
     def __init__(self, backend: ChatBackend, max_iterations: int = DEFAULT_TURNS, temperature: float = 0.0,
-                 max_tokens: int = 1024, system_prompt: str = SYSTEM_PROMPT, seed: int | None = 0) -> None:
+                 max_tokens: int = 1024, system_prompt: str = CODEACT_SYSTEM_PROMPT, seed: int | None = 0) -> None:
         super().__init__(backend, max_iterations, temperature, max_tokens, system_prompt, seed)
         self.name = "codeact"
 
-    def run(self, task: AgentTask) -> AgentResult:
-        messages, result, schemas, limit = self._start(task)
-        while result.iterations < limit:
-            result.iterations += 1
-            reply = self._chat(messages, schemas, result)
-            if reply is None:
-                return result
-            call_msgs = self._record(reply, result, messages)
-            blocks = [b for b in CODE_BLOCK.findall(reply.text or "") if b.strip()]
-            if not reply.tool_calls and not blocks:
-                _answer(reply.text, result)
-                return result
-            if self._call_tools(task, reply, call_msgs, messages, result):
-                return result
-            for code in blocks:
-                done = task.tools.call("python", {"code": code})
-                messages.append({"role": "user",
-                                 "content": OBSERVATION + orjson.dumps(done.output, default=str).decode()})
-        return result
+    def _turn(self, task: AgentTask, reply, messages: list[dict], result: AgentResult) -> bool:
+        """Tool calls first (``finish`` ends the episode), then each code block as one ``python`` call."""
+        call_msgs = self._record(reply, result, messages)
+        blocks = [b for b in CODE_BLOCK.findall(reply.text or "") if b.strip()]
+        if not reply.tool_calls and not blocks:
+            _answer(reply.text, result)
+            return True
+        if self._call_tools(task, reply, call_msgs, messages, result):
+            return True
+        for code in blocks:
+            done = task.tools.call("python", {"code": code})
+            messages.append({"role": "user", "content": OBSERVATION + orjson.dumps(done.output, default=str).decode()})
+        return False

@@ -37,6 +37,8 @@ OBSERVATION = "Execution result:\n"
 class ReactAgent:
     """Tool-calling loop over any :class:`ChatBackend`."""
 
+    nudge = NUDGE  # closes the first user turn
+
     def __init__(self, backend: ChatBackend, max_iterations: int = 15, temperature: float = 0.0,
                  max_tokens: int = 1024, system_prompt: str = SYSTEM_PROMPT, seed: int | None = 0) -> None:
         self.backend = backend
@@ -48,25 +50,7 @@ class ReactAgent:
         self.system_prompt = system_prompt
         self.seed = seed
 
-    nudge = NUDGE
-
     def run(self, task: AgentTask) -> AgentResult:
-        messages, result, schemas, limit = self._start(task)
-        while result.iterations < limit:
-            result.iterations += 1
-            reply = self._chat(messages, schemas, result)
-            if reply is None:
-                return result
-            call_msgs = self._record(reply, result, messages)
-            if not reply.tool_calls:
-                _answer(reply.text, result)
-                return result
-            if self._call_tools(task, reply, call_msgs, messages, result):
-                return result
-        return result
-
-    def _start(self, task: AgentTask) -> tuple[list[dict], AgentResult, list[dict], int]:
-        """The opening messages, an empty result, the tool schemas and the turn limit."""
         system = self.system_prompt
         if task.instructions:
             system += "\n\n" + task.instructions
@@ -75,7 +59,22 @@ class ReactAgent:
         user = clock_block(task.now) + "\n\n" + task.prompt + "\n\n" + self.nudge
         messages: list[dict] = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         result = AgentResult(None, "max_iterations", messages=messages)
-        return messages, result, task.tools.schemas(), min(task.max_iterations, self.max_iterations)
+        schemas = task.tools.schemas()
+        limit = min(task.max_iterations, self.max_iterations)
+        while result.iterations < limit:
+            result.iterations += 1
+            reply = self._chat(messages, schemas, result)
+            if reply is None or self._turn(task, reply, messages, result):
+                return result
+        return result
+
+    def _turn(self, task: AgentTask, reply, messages: list[dict], result: AgentResult) -> bool:
+        """Act on one model reply (its tool calls, or its final answer); True when the episode ends."""
+        call_msgs = self._record(reply, result, messages)
+        if not reply.tool_calls:
+            _answer(reply.text, result)
+            return True
+        return self._call_tools(task, reply, call_msgs, messages, result)
 
     @staticmethod
     def _record(reply, result: AgentResult, messages: list[dict]) -> list[dict]:

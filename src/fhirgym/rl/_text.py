@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from ..agents import CODE_BLOCK, SYSTEM_PROMPT, clock_block, parse_tool_calls
+from ..agents import CODE_BLOCK, CODEACT_SYSTEM_PROMPT, SYSTEM_PROMPT, clock_block, parse_tool_calls
 from ..env import Config, Episode
 from ..tasks import Instance, Verdict
 from ..tools import final_answer_of
@@ -69,7 +69,8 @@ class TextEpisode:
         obs = self.episode.reset()
         self.turns, self.malformed, self.verdict, self.last_reward = 0, 0, None, None
         self._names = {s["function"]["name"] for s in obs.tools}
-        system = SYSTEM_PROMPT + ("\n\n" + obs.instructions if obs.instructions else "") + "\n\n" + tool_block(obs.tools)
+        prompt = CODEACT_SYSTEM_PROMPT if "python" in self._names else SYSTEM_PROMPT  # code blocks run there
+        system = prompt + ("\n\n" + obs.instructions if obs.instructions else "") + "\n\n" + tool_block(obs.tools)
         return [{"role": "system", "content": system},
                 {"role": "user", "content": clock_block(obs.now) + "\n\n" + obs.prompt}]
 
