@@ -140,7 +140,7 @@ def _answer(text: str | None, result: AgentResult) -> None:
 def _elide_oldest(messages: list[dict]) -> bool:
     """Elide the oldest tool result (a ``tool`` message, or a code observation a CodeAct agent sent as user)."""
     for msg in messages:
-        observation = msg["role"] == "user" and msg["content"].startswith(OBSERVATION)
+        observation = msg["role"] == "user" and str(msg.get("content")).startswith(OBSERVATION)
         if (msg["role"] == "tool" or observation) and msg["content"] != ELIDED:
             msg["content"] = ELIDED
             return True
