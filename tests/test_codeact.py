@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import sys
 from pathlib import Path
 
+import anyio
 import orjson
 import pytest
+from click.testing import CliRunner
+from mcp import Client, StdioServerParameters
 
 from fhirgym.agents import CodeActAgent, ScriptedBackend, default_iterations
+from fhirgym.cli import main
 from fhirgym.env import Config, Episode, get_config, register_config
 from fhirgym.rl import TextEpisode
 from fhirgym.runner import EpisodeKey, EvalSpec, run_episode
@@ -330,9 +336,6 @@ def test_text_episode_runs_code_and_ends_on_finish(world):
 
 def test_the_codeact_tools_over_the_episodes_mcp_endpoint(world):
     """Served over MCP like the others: same workspace, same checked calls, in the episode's call log."""
-    import anyio
-    from mcp import Client
-
     inst = make_instance("records.find_patient", 0, world)
     with Episode(inst, "codeact") as ep:
         ep.reset()
@@ -356,10 +359,6 @@ def test_the_codeact_tools_over_the_episodes_mcp_endpoint(world):
 
 
 def test_eval_cli_takes_the_codeact_config_and_the_unsafe_flag(small_world_path, tmp_path):
-    from click.testing import CliRunner
-
-    from fhirgym.cli import main
-
     out = tmp_path / "run"
     res = CliRunner().invoke(main, ["eval", "--agent", "reference", "--config", "codeact", "--unsafe-python",
                                     "--tasks", "records.find_patient", "--out", str(out), "--no-report",
@@ -370,3 +369,25 @@ def test_eval_cli_takes_the_codeact_config_and_the_unsafe_flag(small_world_path,
     assert run["identity"]["max_iterations"] == 15  # the reference agent's; codeact's own is 12
     [line] = [orjson.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     assert line["config"] == "codeact" and line["status"] == "pass"
+
+
+def test_mcp_cli_serves_the_codeact_tools_read_only(small_world_path):
+    """``fhirgym mcp fhir --codeact --read-only``: code can search, and cannot write through the proxy."""
+    exe = shutil.which("fhirgym", path=str(Path(sys.executable).parent))
+    assert exe
+    params = StdioServerParameters(command=exe, args=["mcp", "fhir", "--transport", "stdio", "--codeact",
+                                                      "--read-only", "--world", str(small_world_path)],
+                                   env=dict(os.environ))
+
+    async def main() -> tuple[list[str], dict]:
+        async with Client(params) as client:
+            names = [t.name for t in (await client.list_tools()).tools]
+            ran = await client.call_tool("python", {"code": (
+                "n = len(search('Patient', {'_count': '2'}))\ntry:\n    create_resource('Basic', {})\n"
+                "except FhirError as exc:\n    answer = [n, str(exc)]")})
+            return names, orjson.loads(ran.content[0].text)
+
+    names, ran = anyio.run(main)
+    assert names == ["fhir_query", "fhir_get", "python", "finish", "listResourceTypes", "getResourceById",
+                     "searchResources"]
+    assert ran["answer"][0] > 0 and "unknown tool 'createResource'" in ran["answer"][1]
