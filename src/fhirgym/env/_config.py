@@ -2,8 +2,8 @@
 
 The registry is open: a layer above (memory, a user's package) registers its own configurations with
 :func:`register_config`, or ships them through the ``fhirgym.configs`` entry-point group, whose
-targets are loaded the first time an unknown name is asked for. ``baseline`` and ``specs`` are
-and ``codeact`` are registered here because they only need the tools layer.
+targets are loaded the first time an unknown name is asked for. ``baseline``, ``specs`` and
+``codeact`` are registered here because they only need the tools layer.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ native ``<tools>`` block, then the clock and the request); ``step(text)`` reads 
 model's reply (``<tool_call>`` JSON, fenced JSON, bare JSON; a fenced ```` ```python ```` block is a
 call of the ``python`` tool where the configuration grants one), runs them through the episode and
 returns their results as ``tool`` messages. A reply without a call is the final answer, and so is the
-``answer`` of a ``finish`` call (where granted): the episode is judged and the reward given. The adapters (SkyRL, Gymnasium-style, TRL) are thin shells over this.
+``answer`` of a ``finish`` call (where granted): the episode is judged and the reward given. The
+adapters (SkyRL, Gymnasium-style, TRL) are thin shells over this.
 """
 
 from __future__ import annotations
