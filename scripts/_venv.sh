@@ -1,10 +1,13 @@
 # Shared by the README's commands: create ./.venv and install fhirgym into it (quietly, failing loudly).
 PY=${PYTHON:-python3}
+source "$(dirname "${BASH_SOURCE[0]}")/_sandbox.sh"
 # llama-cpp-python compiles llama.cpp from source. Leave out what its Python package never loads: the
 # multimodal library and llama.cpp's `common` utilities (chat parsers, an HTTP client), more than half
 # of the compile time. A CMAKE_ARGS of your own (e.g. for a GPU build) replaces this.
 export CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF -DCMAKE_PROJECT_llama.cpp_INCLUDE=$PWD/scripts/llama_cpp_minimal.cmake}"
 install_fhirgym() {
+  # The python tool's sandbox needs bubblewrap; without it that tool refuses to run (--unsafe-python aside).
+  ensure_bwrap || echo "scripts/_venv.sh: bubblewrap is missing: the python tool's sandbox is unavailable" >&2
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
   local log
   log=$(mktemp)

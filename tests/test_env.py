@@ -23,11 +23,12 @@ from fhirgym.env import Config, Episode, EpisodeStateError, configs, get_config,
 from fhirgym.fhir import FhirServer, InProcessClient, ServerConfig, Snapshot, Store
 from fhirgym.runner import EvalSpec, run_eval
 from fhirgym.tasks import Expect, Family, Fork, Gold, Instance, TaskWorld, View, make_instance
-from fhirgym.tools import FHIR_TOOLS, Toolbox, ToolContext
+from fhirgym.tools import FHIR_TOOLS, Sandbox, Toolbox, ToolContext, Workspace, sandbox_available
 
-#: Types whose objects lead to the gold, the reference solution, the store or the world.
+#: Types whose objects lead to the gold, the reference solution, the store or the world (or, the CodeAct
+#: workspace and its sandbox, to host paths and to what another part of the episode fetched).
 FORBIDDEN = (Instance, Gold, Expect, Family, Fork, Episode, TaskWorld, View, Snapshot, Store, FhirServer,
-             InProcessClient, ServerConfig, Toolbox, ToolContext)
+             InProcessClient, ServerConfig, Toolbox, ToolContext, Workspace, Sandbox)
 ATOMS = (str, bytes, int, float, bool, type(None), datetime, date)
 
 
@@ -92,17 +93,22 @@ class Snoop:
         tools.call("getResourceById", {"resourceType": "Patient", "resourceId": pid})
         tools.call("listResourceTypes", {})
         tools.call("createResource", {"resourceType": "Basic", "body": {"code": {"text": "x"}}})
+        if "python" in tools.names:  # the CodeAct tools: a fetch into the workspace, code, a finish
+            tools.call("fhir_query", {"resource_type": "Patient", "patient_id": pid})
+            tools.call("python", {"code": "import os\nanswer = [os.getcwd(), sorted(retrieved_resources)]"})
+            tools.call("finish", {"answer": "<answer>{}</answer>"})
         tools.call("getResourceById", {"resourceType": "Patient?_id=" + pid, "resourceId": pid})
         Snoop.seen.append((self, task, tools.calls, tools.schemas(), tools.names))
         return AgentResult("<answer>{}</answer>", "answered")
 
 
-def test_nothing_reachable_from_a_plugin_agent_leads_to_the_answer_key(world, tmp_path):
+@pytest.mark.parametrize("config", ["baseline", "codeact"])
+def test_nothing_reachable_from_a_plugin_agent_leads_to_the_answer_key(world, tmp_path, config):
     """The walk: the agent object, its AgentTask, the tools' records and outputs, schemas and names."""
     Snoop.seen.clear()
     agent = Snoop(backend=ScriptedBackend([]))
     run_eval(EvalSpec(out=tmp_path, agent="x", tasks="records.find_patient,scheduling.book_first_free_slot",
-                      seeds=[0, 1]), world, agent=agent)
+                      seeds=[0, 1], config=config), world, agent=agent)
     assert len(Snoop.seen) == 4
     world_path = str(world.path)
     for roots in Snoop.seen:
@@ -116,6 +122,11 @@ def test_nothing_reachable_from_a_plugin_agent_leads_to_the_answer_key(world, tm
         assert not any(hasattr(task, name) for name in ("reference", "extra", "gold", "params", "seed"))
         calls = roots[2]
         assert calls[-1].error and "not an R4 resource type" in calls[-1].error
+        if config == "codeact":
+            assert calls[-2].output["final_answer"] == "<answer>{}</answer>"
+            if sandbox_available():  # (where it cannot be set up, python refuses: tests/test_codeact.py)
+                assert calls[-3].error is None and calls[-3].output["answer"] == ["/workspace", ["Patient"]]
+            assert not [t for t in texts if "fhirgym-ws-" in t]  # the workspace's host path stays out of reach
 
 
 def test_the_walk_finds_what_the_old_task_object_leaked(world):
@@ -178,7 +189,7 @@ def test_a_step_limit_refuses_further_calls(world):
 
 
 def test_configurations_are_an_open_registry(world, tmp_path):
-    assert {"baseline", "specs"} <= set(configs())
+    assert {"baseline", "specs", "codeact"} <= set(configs())
     assert len(get_config("specs").tools) == len(FHIR_TOOLS) + 4
     seen: list[str] = []
     lessons = Config("test-lessons", FHIR_TOOLS, "baseline plus a lesson", system_suffix="Be careful.",

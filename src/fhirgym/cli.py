@@ -327,7 +327,8 @@ def _seeds(value: str) -> list[int]:
 
 @main.command("eval")
 @click.option("--agent", default="react", show_default=True,
-              help="react | reference | null | nothing-found | guess | cmd:\"PROGRAM ARGS\" | package.module:Class")
+              help="react | codeact | reference | null | nothing-found | guess | cmd:\"PROGRAM ARGS\" | "
+                   "package.module:Class")
 @click.option("--model", default=None, help="local/qwen2.5-coder-1.5b (default), local/qwen2.5-coder-0.5b, "
               "local/PATH.gguf, openai/NAME, openai-compatible/NAME (with --base-url)")
 @click.option("--base-url", default=None, envvar="OPENAI_BASE_URL", help="Endpoint of an OpenAI-compatible server.")
@@ -336,15 +337,19 @@ def _seeds(value: str) -> list[int]:
 @click.option("--seeds", default="1", show_default=True, help="N (seeds 0..N-1) or a list like 3,5 or 0-4.")
 @click.option("--runs", default=1, show_default=True, help="Repetitions of every instance.")
 @click.option("--config", default="baseline", show_default=True,
-              help="A registered configuration: baseline (FHIR tools), specs (+ spec tools), or one a layer or "
-                   "package registers.")
+              help="A registered configuration: baseline (FHIR tools), specs (+ spec tools), codeact (fhir_query, "
+                   "fhir_get, python, finish + FHIR tools), or one a layer or package registers.")
 @click.option("--setting", default="default", show_default=True, help="Label of the experiment setting.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Output directory.")
 @click.option("--parallel", default=1, show_default=True, help="Episodes at a time.")
 @click.option("--resume", is_flag=True, help="Skip episodes already in OUT/results.jsonl.")
-@click.option("--max-iterations", default=15, show_default=True)
+@click.option("--max-iterations", default=None, type=int,
+              help="Model turns per episode (default: 12 for codeact, else 15).")
 @click.option("--budget", default=None, type=int,
               help="Characters per tool output (default: 4000 for a local model, else 12000).")
+@click.option("--unsafe-python", is_flag=True,
+              help="Let the python tool run code where the sandbox cannot be fully set up (no bubblewrap, "
+                   "cgroups or seccomp), with the layers that work; without it, python refuses there.")
 @click.option("--paraphrases", default=0, show_default=True, help="Also run the first K cached paraphrases.")
 @click.option("--no-report", is_flag=True, help="Do not write OUT/report.html at the end.")
 @click.option("--sealed", is_flag=True,
@@ -352,9 +357,9 @@ def _seeds(value: str) -> list[int]:
 @click.option("--secret", default=None, help="Replay (or resume) a sealed run with the secret its run.json recorded.")
 @_world_options(default_patients=10)
 def eval_cmd(agent: str, model: str | None, base_url: str | None, selector: str, seeds: str, runs: int, config: str,
-             setting: str, out: Path, parallel: int, resume: bool, max_iterations: int, budget: int | None,
-             paraphrases: int, no_report: bool, sealed: bool, secret: str | None, world_path: Path | None,
-             patients: int, world_seed: int) -> None:
+             setting: str, out: Path, parallel: int, resume: bool, max_iterations: int | None,
+             budget: int | None, unsafe_python: bool, paraphrases: int, no_report: bool, sealed: bool,
+             secret: str | None, world_path: Path | None, patients: int, world_seed: int) -> None:
     """Evaluate an agent on tasks: one isolated store per episode, results.jsonl + transcripts + report."""
     import time
 
@@ -362,8 +367,8 @@ def eval_cmd(agent: str, model: str | None, base_url: str | None, selector: str,
 
     spec = EvalSpec(out=out, agent=agent, model=model, base_url=base_url, tasks=selector, seeds=_seeds(seeds),
                     runs=runs, config=config, setting=setting, parallel=parallel, resume=resume,
-                    max_iterations=max_iterations, budget=budget, paraphrases=paraphrases, sealed=sealed,
-                    secret=secret)
+                    max_iterations=max_iterations, budget=budget, unsafe_python=unsafe_python,
+                    paraphrases=paraphrases, sealed=sealed, secret=secret)
     world = _task_world(world_path, patients, world_seed)
     started = time.perf_counter()
     counts: dict[str, int] = {}
@@ -409,7 +414,7 @@ def _mcp_options(fn):
 
 
 def _mcp_serve(tools, client, name: str, transport: str, host: str, port: int, read_only: bool,
-               budget: int | None, structured: bool) -> None:
+               budget: int | None, structured: bool, unsafe_python: bool = False) -> None:
     """stdio: nothing but protocol on stdout (logs go to stderr). http: the endpoint URL is the one line
     printed on stdout; serve until Ctrl-C or SIGTERM."""
     import logging
@@ -417,11 +422,23 @@ def _mcp_serve(tools, client, name: str, transport: str, host: str, port: int, r
     import threading
 
     from .mcp import build_server, serve_http
-    from .tools import DEFAULT_BUDGET, Toolbox, ToolContext
+    from .tools import (
+        DEFAULT_BUDGET,
+        UNSAFE_KEY,
+        WORKSPACE_KEY,
+        Toolbox,
+        ToolContext,
+        Workspace,
+        needs_workspace,
+    )
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
-    toolbox = Toolbox(tools, ToolContext(client, budget or DEFAULT_BUDGET))
+    ctx = ToolContext(client, budget or DEFAULT_BUDGET, {UNSAFE_KEY: unsafe_python})
+    if needs_workspace(tools):  # the code's FHIR functions may call what is served, and nothing more
+        served = Toolbox([t for t in tools if not (read_only and t.writes)], ctx)
+        ctx.extras[WORKSPACE_KEY] = Workspace(unsafe=unsafe_python, dispatch=served.call)
+    toolbox = Toolbox(tools, ctx)
     if transport == "stdio":
         build_server(toolbox, name, read_only=read_only, structured=structured).run("stdio")
         return
@@ -446,14 +463,17 @@ def _mcp_serve(tools, client, name: str, transport: str, host: str, port: int, r
 @click.option("--seed", default=0, show_default=True, help="Seed of the --task instance.")
 @click.option("--url", default=None, help="Bind the tools to this external FHIR server instead (base URL).")
 @click.option("--specs", "with_specs", is_flag=True, help="Also serve the FHIR R4 spec tools.")
+@click.option("--codeact", is_flag=True, help="Also serve the CodeAct tools (fhir_query, fhir_get, python, finish).")
+@click.option("--unsafe-python", is_flag=True, help="With --codeact: let python run where the sandbox cannot be "
+              "fully set up.")
 def mcp_fhir(transport: str, host: str, port: int, read_only: bool, budget: int | None, structured: bool,
              world_path: Path | None, patients: int, world_seed: int, task_id: str | None, seed: int,
-             url: str | None, with_specs: bool) -> None:
+             url: str | None, with_specs: bool, codeact: bool, unsafe_python: bool) -> None:
     """The six FHIR CRUD tools on an isolated copy of a world (or of a task instance's pre-run state):
     writes stay in that copy and vanish at exit. With --url, on an external FHIR server instead."""
     import contextlib
 
-    from .tools import FHIR_TOOLS, SPEC_TOOLS
+    from .tools import CODEACT_TOOLS, FHIR_TOOLS, SPEC_TOOLS
 
     with contextlib.redirect_stdout(sys.stderr):  # on stdio, stdout belongs to the protocol
         if url:
@@ -473,8 +493,9 @@ def mcp_fhir(transport: str, host: str, port: int, read_only: bool, budget: int 
                 from .fhir import FhirServer, InProcessClient
 
                 client = InProcessClient(FhirServer(world.snapshot.open(), world.spec), world.snapshot)
-    tools = FHIR_TOOLS + SPEC_TOOLS if with_specs else FHIR_TOOLS
-    _mcp_serve(tools, client, "fhirgym-fhir", transport, host, port, read_only, budget, structured)
+    tools = (CODEACT_TOOLS if codeact else ()) + FHIR_TOOLS + (SPEC_TOOLS if with_specs else ())
+    _mcp_serve(tools, client, "fhirgym-fhir", transport, host, port, read_only, budget, structured,
+               unsafe_python=unsafe_python)
 
 
 @mcp_group.command("specs")

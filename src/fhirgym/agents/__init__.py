@@ -1,7 +1,8 @@
 """Agents and the model backends they run on.
 
 An agent has ``name`` and ``run(AgentTask) -> AgentResult`` (see ``_agent.py``). Built in: ``react``
-(tool-calling loop over any :class:`ChatBackend`), ``reference``, the floors ``null``, ``nothing-found``
+(tool-calling loop over any :class:`ChatBackend`), ``codeact`` (the model writes Python that runs in the
+episode's sandbox: docs/CODEACT.md), ``reference``, the floors ``null``, ``nothing-found``
 and ``guess``, ``cmd:PROGRAM`` (an external program talking MCP) and any ``package.module:Class``. Backends: OpenAI(-compatible) endpoints, the
 embedded llama.cpp models, and a scripted backend for tests (``make_backend("local/qwen2.5-coder-1.5b")``).
 """
@@ -9,10 +10,13 @@ embedded llama.cpp models, and a scripted backend for tests (``make_backend("loc
 from ._agent import STOP_REASONS, Agent, AgentResult, AgentTask, clock_block, instantiate, load_class
 from ._backend import BackendError, ChatBackend, ChatResult, ContextLengthExceeded, ToolCall
 from ._builtin import CommandAgent, GuessAgent, NothingFoundAgent, NullAgent, ReferenceAgent
+from ._codeact import CODE_BLOCK, CODEACT_SYSTEM_PROMPT, CodeActAgent
 from ._factory import (
     BUILTIN_AGENTS,
     DEFAULT_MODEL,
     INFRASTRUCTURE_ERRORS,
+    MODEL_AGENTS,
+    default_iterations,
     make_agent,
     make_backend,
     needs_model,
@@ -24,8 +28,11 @@ from ._weights import ModelUnavailable, model_path
 
 __all__ = [
     "BUILTIN_AGENTS",
+    "CODEACT_SYSTEM_PROMPT",
+    "CODE_BLOCK",
     "DEFAULT_MODEL",
     "INFRASTRUCTURE_ERRORS",
+    "MODEL_AGENTS",
     "STOP_REASONS",
     "SYSTEM_PROMPT",
     "Agent",
@@ -34,6 +41,7 @@ __all__ = [
     "BackendError",
     "ChatBackend",
     "ChatResult",
+    "CodeActAgent",
     "CommandAgent",
     "ContextLengthExceeded",
     "GuessAgent",
@@ -45,6 +53,7 @@ __all__ = [
     "ScriptedBackend",
     "ToolCall",
     "clock_block",
+    "default_iterations",
     "instantiate",
     "load_class",
     "make_agent",

@@ -9,6 +9,7 @@ from ..fhir import TransportError
 from ._agent import instantiate, load_class
 from ._backend import DEFAULT_LOCAL_MODEL, LOCAL_MODELS, BackendError, ChatBackend
 from ._builtin import CommandAgent, GuessAgent, NothingFoundAgent, NullAgent, ReferenceAgent
+from ._codeact import DEFAULT_TURNS, CodeActAgent
 from ._react import ReactAgent
 
 DEFAULT_MODEL = f"local/{DEFAULT_LOCAL_MODEL}"
@@ -18,6 +19,14 @@ INFRASTRUCTURE_ERRORS: tuple[type[BaseException], ...] = (BackendError, Transpor
 #: The agents that need no model, by name.
 BUILTIN_AGENTS = {"reference": ReferenceAgent, "null": NullAgent, "nothing-found": NothingFoundAgent,
                   "guess": GuessAgent}
+#: The model-driven agents built in, and their turn caps when ``--max-iterations`` is not given.
+MODEL_AGENTS = {"react": ReactAgent, "codeact": CodeActAgent}
+DEFAULT_ITERATIONS = 15
+
+
+def default_iterations(agent: str) -> int:
+    """The turn cap of ``agent`` when none is given: 12 for codeact, else 15."""
+    return DEFAULT_TURNS if agent == "codeact" else DEFAULT_ITERATIONS
 
 ACCEPTED_FORMS = (
     "openai/NAME (key from OPENAI_API_KEY or api_key=; optional base_url=)",
@@ -58,13 +67,15 @@ def make_backend(
 
 
 def needs_model(agent: str) -> bool:
-    return agent == "react" or (":" in agent and not agent.startswith("cmd:"))
+    return agent in MODEL_AGENTS or (":" in agent and not agent.startswith("cmd:"))
 
 
-def make_agent(agent: str, model: str | None = None, base_url: str | None = None, max_iterations: int = 15,
-               **backend_options):
-    """``react`` (with ``model``, default the local 1.5B), ``reference``, ``null``, ``nothing-found``,
-    ``guess``, ``cmd:PROGRAM ARGS`` or ``package.module:Class``."""
+def make_agent(agent: str, model: str | None = None, base_url: str | None = None,
+               max_iterations: int | None = None, **backend_options):
+    """``react`` or ``codeact`` (with ``model``, default the local 1.5B), ``reference``, ``null``,
+    ``nothing-found``, ``guess``, ``cmd:PROGRAM ARGS`` or ``package.module:Class``. ``max_iterations``:
+    the turn cap (default :func:`default_iterations`)."""
+    max_iterations = max_iterations or default_iterations(agent)
     if agent in BUILTIN_AGENTS:
         return BUILTIN_AGENTS[agent]()
     if agent.startswith("cmd:"):
@@ -72,9 +83,9 @@ def make_agent(agent: str, model: str | None = None, base_url: str | None = None
         if not command:
             raise ValueError("--agent cmd: needs a program, e.g. cmd:\"python my_agent.py\"")
         return CommandAgent(command)
-    if agent == "react":
-        return ReactAgent(make_backend(model or DEFAULT_MODEL, base_url=base_url, **backend_options),
-                          max_iterations=max_iterations)
+    if agent in MODEL_AGENTS:
+        return MODEL_AGENTS[agent](make_backend(model or DEFAULT_MODEL, base_url=base_url, **backend_options),
+                                   max_iterations=max_iterations)
     if ":" in agent:
         cls = load_class(agent)
         backend = (make_backend(model or DEFAULT_MODEL, base_url=base_url, **backend_options)
@@ -85,5 +96,5 @@ def make_agent(agent: str, model: str | None = None, base_url: str | None = None
         if not getattr(obj, "name", None):
             obj.name = agent
         return obj
-    raise ValueError(f"unknown agent {agent!r}: use react, {', '.join(BUILTIN_AGENTS)}, cmd:PROGRAM or "
+    raise ValueError(f"unknown agent {agent!r}: use react, codeact, {', '.join(BUILTIN_AGENTS)}, cmd:PROGRAM or "
                      "package.module:Class")

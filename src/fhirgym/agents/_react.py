@@ -1,9 +1,10 @@
 """The ReAct tool-calling agent: a chat model, the episode's tools, at most ``max_iterations`` turns.
 
-System prompt, then the clock block (the task's frozen now) and the task prompt as the user turn; each turn the model either calls
-tools (every call runs through the episode's toolbox and its JSON result goes back as a ``tool``
-message) or replies without a call, which ends the episode. When the context fills up, the oldest tool
-results are elided (with a note saying so) rather than failing the episode outright.
+System prompt, then the clock block (the task's frozen now) and the task prompt as the user turn; each turn
+the model either calls tools (every call runs through the episode's toolbox and its JSON result goes back
+as a ``tool`` message) or replies without a call, which ends the episode (so does a ``finish`` call, where
+granted). When the context fills up, the oldest tool results are elided (with a note saying so) rather
+than failing the episode outright.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 
 import orjson
 
+from ..tools import final_answer_of
 from ._agent import AgentResult, AgentTask, clock_block
 from ._backend import BackendError, ChatBackend, ContextLengthExceeded
 
@@ -29,10 +31,14 @@ ELIDED = "[earlier tool output elided to fit the context window]"
 #: Closes the first user turn. Small local models otherwise jump straight to the answer format the task
 #: prompt ends with, without looking anything up (measured on Qwen2.5-Coder-1.5B).
 NUDGE = "Start by calling a tool to look up what you need."
+#: Opens the user message that carries the result of a code block (CodeAct), so elision can find it.
+OBSERVATION = "Execution result:\n"
 
 
 class ReactAgent:
     """Tool-calling loop over any :class:`ChatBackend`."""
+
+    nudge = NUDGE  # closes the first user turn
 
     def __init__(self, backend: ChatBackend, max_iterations: int = 15, temperature: float = 0.0,
                  max_tokens: int = 1024, system_prompt: str = SYSTEM_PROMPT, seed: int | None = 0) -> None:
@@ -51,7 +57,7 @@ class ReactAgent:
             system += "\n\n" + task.instructions
         # The clock opens the user turn, not the system prompt: system prompt + tool schemas then form the
         # same prefix in every episode, which a local model reuses from its KV cache (no prefill).
-        user = clock_block(task.now) + "\n\n" + task.prompt + "\n\n" + NUDGE
+        user = clock_block(task.now) + "\n\n" + task.prompt + "\n\n" + self.nudge
         messages: list[dict] = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         result = AgentResult(None, "max_iterations", messages=messages)
         schemas = task.tools.schemas()
@@ -62,27 +68,44 @@ class ReactAgent:
         while result.iterations < limit:
             result.iterations += 1
             reply = self._chat(messages, schemas, result, shape)
-            if reply is None:
+            if reply is None or self._turn(task, reply, messages, result):
                 return result
-            call_msgs = [{"id": f"call_{result.iterations}_{i}" if not c.id or c.id.startswith("call_") else c.id,
-                          "type": "function",
-                          "function": {"name": c.name, "arguments": orjson.dumps(c.arguments).decode()}}
-                         for i, c in enumerate(reply.tool_calls)]
-            assistant: dict = {"role": "assistant", "content": reply.text or ""}
-            if call_msgs:
-                assistant["tool_calls"] = call_msgs
-            messages.append(assistant)
-            if not reply.tool_calls:
-                text = (reply.text or "").strip()
-                result.final_answer = text or None
-                gave_up = not text or ("<answer>" not in text.lower() and _GAVE_UP.search(text))
-                result.stop_reason = "gave_up" if gave_up else "answered"
-                return result
-            for call, msg in zip(reply.tool_calls, call_msgs, strict=True):
-                done = task.tools.call(call.name, call.arguments)
-                messages.append({"role": "tool", "tool_call_id": msg["id"], "name": call.name,
-                                 "content": orjson.dumps(done.output, default=str).decode()})
         return result
+
+    def _turn(self, task: AgentTask, reply, messages: list[dict], result: AgentResult) -> bool:
+        """Act on one model reply (its tool calls, or its final answer); True when the episode ends."""
+        call_msgs = self._record(reply, result, messages)
+        if not reply.tool_calls:
+            _answer(reply.text, result)
+            return True
+        return self._call_tools(task, reply, call_msgs, messages, result)
+
+    @staticmethod
+    def _record(reply, result: AgentResult, messages: list[dict]) -> list[dict]:
+        """Append the model's reply as an assistant message; returns its tool calls in OpenAI form."""
+        call_msgs = [{"id": f"call_{result.iterations}_{i}" if not c.id or c.id.startswith("call_") else c.id,
+                      "type": "function",
+                      "function": {"name": c.name, "arguments": orjson.dumps(c.arguments).decode()}}
+                     for i, c in enumerate(reply.tool_calls)]
+        assistant: dict = {"role": "assistant", "content": reply.text or ""}
+        if call_msgs:
+            assistant["tool_calls"] = call_msgs
+        messages.append(assistant)
+        return call_msgs
+
+    @staticmethod
+    def _call_tools(task: AgentTask, reply, call_msgs: list[dict], messages: list[dict],
+                    result: AgentResult) -> bool:
+        """Run the reply's tool calls, appending their results; True when a ``finish`` call ended the episode."""
+        for call, msg in zip(reply.tool_calls, call_msgs, strict=True):
+            done = task.tools.call(call.name, call.arguments)
+            messages.append({"role": "tool", "tool_call_id": msg["id"], "name": call.name,
+                             "content": orjson.dumps(done.output, default=str).decode()})
+            final = final_answer_of(done)
+            if final is not None:
+                result.final_answer, result.stop_reason = final, "answered"
+                return True
+        return False
 
     def _chat(self, messages: list[dict], schemas: list[dict], result: AgentResult, shape: dict):
         """One model turn; None when the episode must stop (infrastructure error or no room left)."""
@@ -118,9 +141,19 @@ def _accepts(method, keyword: str) -> bool:
     return keyword in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
+def _answer(text: str | None, result: AgentResult) -> None:
+    """A reply without a call is the final answer (``gave_up`` when it is empty or a refusal)."""
+    text = (text or "").strip()
+    result.final_answer = text or None
+    gave_up = not text or ("<answer>" not in text.lower() and _GAVE_UP.search(text))
+    result.stop_reason = "gave_up" if gave_up else "answered"
+
+
 def _elide_oldest(messages: list[dict]) -> bool:
+    """Elide the oldest tool result (a ``tool`` message, or a code observation a CodeAct agent sent as user)."""
     for msg in messages:
-        if msg["role"] == "tool" and msg["content"] != ELIDED:
+        observation = msg["role"] == "user" and str(msg.get("content")).startswith(OBSERVATION)
+        if (msg["role"] == "tool" or observation) and msg["content"] != ELIDED:
             msg["content"] = ELIDED
             return True
     return False

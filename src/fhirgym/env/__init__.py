@@ -11,11 +11,12 @@ An agent is given ``ep.tools`` (:class:`AgentTools`) and nothing else of the epi
 are an open registry (:func:`register_config`, or the ``fhirgym.configs`` entry-point group).
 """
 
-from ._config import BASELINE, SPECS, Config, UnknownConfig, configs, get_config, register_config
+from ._config import BASELINE, CODEACT, SPECS, Config, UnknownConfig, configs, get_config, register_config
 from ._episode import AgentTools, Episode, EpisodeStateError, Observation, solve_reference
 
 __all__ = [
     "BASELINE",
+    "CODEACT",
     "SPECS",
     "AgentTools",
     "Config",

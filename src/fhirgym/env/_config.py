@@ -2,8 +2,8 @@
 
 The registry is open: a layer above (memory, a user's package) registers its own configurations with
 :func:`register_config`, or ships them through the ``fhirgym.configs`` entry-point group, whose
-targets are loaded the first time an unknown name is asked for. ``baseline`` and ``specs`` are
-registered here because they only need the tools layer.
+targets are loaded the first time an unknown name is asked for. ``baseline``, ``specs`` and
+``codeact`` are registered here because they only need the tools layer.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from ..tasks import Instance
-from ..tools import FHIR_TOOLS, SPEC_TOOLS, Tool
+from ..tools import CODEACT_TOOLS, FHIR_TOOLS, SPEC_TOOLS, Tool
 
 
 class UnknownConfig(KeyError):
@@ -83,3 +83,7 @@ def configs() -> list[str]:
 BASELINE = register_config(Config("baseline", FHIR_TOOLS, "the six FHIR CRUD tools"))
 SPECS = register_config(Config("specs", FHIR_TOOLS + tuple(SPEC_TOOLS),
                                "the FHIR tools plus the four FHIR-spec tools"))
+CODEACT = register_config(Config(
+    "codeact", CODEACT_TOOLS + FHIR_TOOLS,
+    "CodeAct: fhir_query/fhir_get into a per-episode workspace, python in the sandbox (with the FHIR CRUD "
+    "operations as functions), finish; plus the six FHIR tools (docs/CODEACT.md)"))

@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from ..tasks import NOT_FOUND, Fork, Instance, Verdict, answer_text
-from ..tools import Toolbox, ToolCall, ToolContext
+from ..tools import UNSAFE_KEY, WORKSPACE_KEY, Toolbox, ToolCall, ToolContext, Workspace, needs_workspace
 from ._config import Config, get_config
 
 
@@ -100,14 +100,17 @@ class Episode:
     The gold is copied when the episode is made, before any agent acts: validation uses that frozen
     copy, whatever happens to the instance later. ``budget`` bounds each tool output (characters);
     ``max_steps`` bounds tool calls (a call past it is refused and ends nothing by itself).
+    ``unsafe_python``: the ``python`` tool may run code with only the sandbox layers that work here
+    (``--unsafe-python``); without it, it refuses where the sandbox cannot be set up.
     """
 
     def __init__(self, instance: Instance, config: Config | str = "baseline", *, budget: int | None = None,
-                 max_steps: int | None = None) -> None:
+                 max_steps: int | None = None, unsafe_python: bool = False) -> None:
         self.instance = instance
         self.config = get_config(config)
         self.budget = budget
         self.max_steps = max_steps
+        self.unsafe_python = unsafe_python
         self._gold = copy.deepcopy(instance.gold)
         self._fork: Fork | None = None
         self._box: Toolbox | None = None
@@ -115,6 +118,7 @@ class Episode:
         self._verdict: Verdict | None = None
         self._answer: str | None = None
         self._mcp: list[Any] = []
+        self._workspace: Workspace | None = None
 
     # -- the seam -------------------------------------------------------------------------------------
     def reset(self) -> Observation:
@@ -123,6 +127,9 @@ class Episode:
         inst = self.instance
         self._fork = inst.open()
         ctx = ToolContext(self._fork.client) if self.budget is None else ToolContext(self._fork.client, self.budget)
+        ctx.extras[UNSAFE_KEY] = self.unsafe_python
+        if needs_workspace(self.config.tools):  # CodeAct: fetched resources + a sandbox dir of this episode's own
+            self._workspace = ctx.extras[WORKSPACE_KEY] = Workspace(unsafe=self.unsafe_python, dispatch=self._code_step)
         self._box = Toolbox(self.config.tools, ctx)
         self._verdict, self._answer = None, None
         with _LOCK:
@@ -189,6 +196,12 @@ class Episode:
     def answer(self) -> str | None:
         return self._answer
 
+    @property
+    def workspace(self) -> Workspace | None:
+        """The CodeAct workspace (what ``fhir_query``/``fhir_get`` fetched), None when the tools need none;
+        open until the episode is reset or closed."""
+        return self._workspace
+
     def floor(self) -> bool:
         """Whether the constant "nothing found" reply, with no tool call, passes this instance strictly.
 
@@ -219,6 +232,10 @@ class Episode:
             raise EpisodeStateError("reset() the episode first")
         return self._box
 
+    def _code_step(self, name: str, arguments: dict) -> ToolCall:
+        """A FHIR function called by code in the sandbox: one more call of this episode (checked, logged)."""
+        return self.step({"name": name, "arguments": arguments})
+
     def _close_endpoints(self) -> None:
         for handle in self._mcp:
             handle.close()
@@ -230,6 +247,9 @@ class Episode:
             with _LOCK:
                 _LIVE.pop(self._key, None)
             self._key = None
+        if self._workspace is not None:
+            self._workspace.close()
+            self._workspace = None
         if self._fork is not None:
             self._fork.close()
             self._fork = None

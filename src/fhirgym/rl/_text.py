@@ -4,26 +4,26 @@
 native ``<tools>`` block, then the clock and the request); ``step(text)`` reads the tool calls in the
 model's reply (``<tool_call>`` JSON, fenced JSON, bare JSON; a fenced ```` ```python ```` block is a
 call of the ``python`` tool where the configuration grants one), runs them through the episode and
-returns their results as ``tool`` messages. A reply without a call is the final answer: the episode
-is judged and the reward given. The adapters (SkyRL, Gymnasium-style, TRL) are thin shells over this.
+returns their results as ``tool`` messages. A reply without a call is the final answer, and so is the
+``answer`` of a ``finish`` call (where granted): the episode is judged and the reward given. The
+adapters (SkyRL, Gymnasium-style, TRL) are thin shells over this.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from ..agents import SYSTEM_PROMPT, clock_block, parse_tool_calls
+from ..agents import CODE_BLOCK, CODEACT_SYSTEM_PROMPT, SYSTEM_PROMPT, clock_block, parse_tool_calls
 from ..env import Config, Episode
 from ..tasks import Instance, Verdict
+from ..tools import final_answer_of
 from ._reward import RewardSpec
 
 #: The tool output bound of a text episode: a small model's context holds a few such results.
 TEXT_BUDGET = 4_000
-_CODE = re.compile(r"```(?:python|py)[ \t]*\n(.*?)```", re.S)
 _CALL_MARKERS = ("<tool_call", "```json", '"arguments"')
 
 
@@ -70,7 +70,8 @@ class TextEpisode:
         obs = self.episode.reset()
         self.turns, self.malformed, self.verdict, self.last_reward = 0, 0, None, None
         self._names = {s["function"]["name"] for s in obs.tools}
-        system = SYSTEM_PROMPT + ("\n\n" + obs.instructions if obs.instructions else "") + "\n\n" + tool_block(obs.tools)
+        prompt = CODEACT_SYSTEM_PROMPT if "python" in self._names else SYSTEM_PROMPT  # code blocks run there
+        system = prompt + ("\n\n" + obs.instructions if obs.instructions else "") + "\n\n" + tool_block(obs.tools)
         return [{"role": "system", "content": system},
                 {"role": "user", "content": clock_block(obs.now) + "\n\n" + obs.prompt}]
 
@@ -86,6 +87,9 @@ class TextEpisode:
         observations = []
         for name, args in calls:
             done = self.episode.step({"name": name, "arguments": args})
+            final = final_answer_of(done)
+            if final is not None:
+                return self._end(final, "finished")
             observations.append({"role": "tool", "name": name,
                                  "content": orjson.dumps(done.output, default=str).decode()})
         if self.turns >= self.max_turns:
@@ -100,7 +104,7 @@ class TextEpisode:
         if calls:
             return [(c.name, c.arguments) for c in calls]
         if "python" in self._names:
-            return [("python", {"code": code}) for code in _CODE.findall(text or "")]
+            return [("python", {"code": code}) for code in CODE_BLOCK.findall(text or "")]
         return []
 
     def finish(self, answer: str | None) -> TextStep:

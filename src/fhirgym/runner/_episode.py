@@ -52,11 +52,11 @@ def _act(agent, task: AgentTask, episode: Episode) -> tuple[AgentResult, str | N
 
 def run_episode(key: EpisodeKey, inst: Instance, agent, config: Config | str = "baseline", *,
                 setting: str = "default", model: str | None = None, budget: int | None = None,
-                max_iterations: int = 15) -> tuple[dict, dict]:
+                max_iterations: int = 15, unsafe_python: bool = False) -> tuple[dict, dict]:
     """Run ``agent`` on ``inst`` in a fresh episode; returns (result line, transcript)."""
     t0 = time.perf_counter()
     fam = inst.family
-    with Episode(inst, config, budget=budget) as ep:
+    with Episode(inst, config, budget=budget, unsafe_python=unsafe_python) as ep:
         obs = ep.reset()
         task = AgentTask(obs.prompt, obs.now, ep.tools, max_iterations=max_iterations,
                          instructions=obs.instructions, answer_schema=obs.answer_schema)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import orjson
 
-from ..agents import DEFAULT_MODEL, make_agent, needs_model
+from ..agents import DEFAULT_MODEL, MODEL_AGENTS, default_iterations, make_agent, needs_model
 from ..env import UnknownConfig, configs, get_config
 from ..tasks import Instance, TaskWorld, make_instance, select
 from ..world import world_sha256
@@ -52,11 +52,16 @@ class EvalSpec:
     parallel: int = 1
     resume: bool = False
     world: Path | None = None
-    max_iterations: int = 15
+    max_iterations: int | None = None  # the turn cap; None: the agent's own (codeact 12, others 15)
     budget: int | None = None
+    unsafe_python: bool = False  # --unsafe-python: the python tool may run without a full sandbox
     paraphrases: int = 0  # 0: template prompts only; k: also the first k cached paraphrases
     sealed: bool = False  # instance seeds derived from a secret no agent sees during the run
     secret: str | None = field(default=None, repr=False)  # a sealed run's secret (hex), to replay or resume it
+
+    def __post_init__(self) -> None:
+        if self.max_iterations is None:
+            self.max_iterations = default_iterations(self.agent)
 
     def identity(self) -> dict:
         """What must match for ``--resume`` to append to an existing directory."""
@@ -162,7 +167,7 @@ def _run(spec: EvalSpec, world: TaskWorld, config, keys: list[EpisodeKey], done:
     if agent is None:
         agent = make_agent(spec.agent, spec.model, spec.base_url, spec.max_iterations)
     model = spec.model if needs_model(spec.agent) else None
-    if model is None and spec.agent == "react":
+    if model is None and spec.agent in MODEL_AGENTS:
         model = DEFAULT_MODEL
     instances: dict[tuple[str, int, int], Instance] = {}
     lock = threading.Lock()
@@ -186,7 +191,8 @@ def _run(spec: EvalSpec, world: TaskWorld, config, keys: list[EpisodeKey], done:
 
     def one(key: EpisodeKey) -> dict:
         line, transcript = run_episode(key, instance(key), agent, config, setting=spec.setting, model=model,
-                                       budget=budget, max_iterations=spec.max_iterations)
+                                       budget=budget, max_iterations=spec.max_iterations,
+                                       unsafe_python=spec.unsafe_python)
         write_atomic(spec.out / line["transcript"], transcript)
         append_result(spec.out, line)
         return line

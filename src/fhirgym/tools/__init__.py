@@ -1,4 +1,6 @@
-"""Agent-facing tools, each defined once and served in process, over MCP and to RL environments.
+"""Agent-facing tools, each defined once and served in process, over MCP and to RL environments: FHIR CRUD,
+FHIR-spec and CodeAct tools (``_codeact.py``, docs/CODEACT.md); and the sandbox the ``python`` tool runs
+code in (``_sandbox.py``, threat model in docs/SANDBOX.md).
 
     from fhirgym.tools import FHIR_TOOLS, Toolbox, ToolContext
     box = Toolbox(FHIR_TOOLS, ToolContext(client))
@@ -6,6 +8,18 @@
     call.output, call.error, call.ms
 """
 
+from ._codeact import (
+    CODEACT_TOOLS,
+    FHIR_GET,
+    FHIR_QUERY,
+    FINISH,
+    PYTHON,
+    UNSAFE_KEY,
+    WORKSPACE_KEY,
+    Workspace,
+    final_answer_of,
+    needs_workspace,
+)
 from ._core import DEFAULT_BUDGET, Tool, Toolbox, ToolCall, ToolContext, ToolError
 from ._fhir import (
     CREATE_RESOURCE,
@@ -16,6 +30,15 @@ from ._fhir import (
     SEARCH_RESOURCES,
     UPDATE_RESOURCE,
 )
+from ._sandbox import (
+    Sandbox,
+    SandboxLimits,
+    SandboxProbe,
+    SandboxResult,
+    SandboxUnavailable,
+    sandbox_available,
+    sandbox_probe,
+)
 from ._specs import (
     GET_DATA_TYPE_DEFINITION,
     GET_SEARCH_PARAMS,
@@ -25,22 +48,39 @@ from ._specs import (
 )
 
 __all__ = [
+    "CODEACT_TOOLS",
     "CREATE_RESOURCE",
     "DEFAULT_BUDGET",
     "DELETE_RESOURCE",
+    "FHIR_GET",
+    "FHIR_QUERY",
     "FHIR_TOOLS",
+    "FINISH",
     "GET_DATA_TYPE_DEFINITION",
     "GET_RESOURCE_BY_ID",
     "GET_SEARCH_PARAMS",
     "GET_STRUCTURE_DEFINITION",
     "LIST_RESOURCES",
     "LIST_RESOURCE_TYPES",
+    "PYTHON",
     "SEARCH_RESOURCES",
     "SPEC_TOOLS",
+    "UNSAFE_KEY",
     "UPDATE_RESOURCE",
+    "WORKSPACE_KEY",
+    "Sandbox",
+    "SandboxLimits",
+    "SandboxProbe",
+    "SandboxResult",
+    "SandboxUnavailable",
     "Tool",
     "ToolCall",
     "ToolContext",
     "ToolError",
     "Toolbox",
+    "Workspace",
+    "final_answer_of",
+    "needs_workspace",
+    "sandbox_available",
+    "sandbox_probe",
 ]

@@ -1,0 +1,819 @@
+"""Code sandbox for the agents' ``python`` tool: one isolated process per call, in the episode's workspace.
+
+Why a process per call inside bubblewrap, not ``exec``: the model's code is untrusted. Each call runs a
+fresh interpreter (``python -I -S``) under layers that each stop a class of escape (docs/SANDBOX.md):
+
+- **bubblewrap** (Debian's ``bubblewrap``; ``scripts/_sandbox.sh`` installs it): new user, pid, net,
+  ipc, uts and cgroup namespaces, no nested user namespaces, env cleared, an empty root that only holds
+  read-only binds of the system libraries and the interpreter with its stdlib (site-packages hidden),
+  a private ``/tmp``, and the episode's workspace read-write at ``/workspace``. Nothing else of the host
+  (project tree, world files, other workspaces) exists inside; the network namespace has only a
+  down loopback, so even the local FHIR server is unreachable.
+- **seccomp** (``pyseccomp``, a ctypes binding of libseccomp): the BPF program is compiled once on the
+  host and handed to bwrap (``--seccomp FD``), which loads it just before ``exec``; ``socket``,
+  ``io_uring_setup`` (its ops can open sockets), ``ptrace`` and other kernel-surface calls fail with EPERM.
+- **cgroups** (v1 or v2, whichever holds the controller): a child cgroup per call under the host's own
+  with ``pids.max`` (fork bombs: RLIMIT_NPROC does nothing for root) and a memory limit (all processes of
+  the call, tmpfs included); removed after the call.
+- **rlimits**, set by the bootstrap before any user code (soft = hard, so code cannot raise them):
+  CPU time, address space, file size, open files, no core dumps.
+- **the host** kills the call (SIGKILL to bwrap; the pid namespace dies with it) at the wall-clock
+  deadline or once stdout + stderr pass the output cap, then kills whatever is left in the cgroup.
+
+Hand-written, with reasons: the bwrap argv (no maintained Python wrapper covers these options); the
+cgroup handling (the PyPI cgroup libraries are v1-only or unmaintained, and this needs ~40 lines); the
+pipe loop (``Popen.communicate`` has no byte cap, so a 1 GB print would be read in full).
+
+Where a layer cannot be set up, :meth:`Sandbox.run` raises :class:`SandboxUnavailable` naming it, unless
+the sandbox was made with ``unsafe=True`` (``--unsafe-python``): then it runs with the layers that do
+work (``SandboxResult.protections`` lists them); never a bare in-process ``exec``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import errno
+import functools
+import itertools
+import json
+import marshal
+import os
+import py_compile
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Where the workspace appears inside the sandbox (also the working directory and HOME).
+WORKSPACE = "/workspace"
+#: Where the compiled bootstrap appears inside (read-only).
+BOOT_PATH = "/fhirgym-boot.pyc"
+
+#: Syscalls that fail with EPERM inside: the network, and kernel surface no analysis code needs.
+DENIED_SYSCALLS = (
+    "socket", "socketcall", "io_uring_setup", "ptrace", "process_vm_readv", "process_vm_writev",
+    "mount", "umount2", "pivot_root", "chroot", "unshare", "setns", "bpf", "perf_event_open", "keyctl",
+    "add_key", "request_key", "userfaultfd", "init_module", "finit_module", "delete_module",
+    "kexec_load", "kexec_file_load", "open_by_handle_at", "name_to_handle_at", "reboot", "swapon",
+    "swapoff", "syslog",
+)
+
+#: Every protection a full sandbox has; ``SandboxResult.protections`` lists those a call ran under.
+PROTECTIONS = ("bwrap", "seccomp", "cgroup-pids", "cgroup-memory", "rlimits")
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """What one call may use. ``memory_bytes`` bounds all processes of the call together (memory cgroup,
+    tmpfs pages included); ``address_space_bytes`` each process (RLIMIT_AS, default ``memory_bytes``),
+    which turns a big allocation into a ``MemoryError`` the code can see rather than an OOM kill."""
+
+    cpu_s: int = 10
+    wall_s: float = 20.0
+    memory_bytes: int = 1 << 30
+    address_space_bytes: int | None = None
+    file_bytes: int = 64 << 20  # RLIMIT_FSIZE: one file, in the workspace or /tmp
+    tmp_bytes: int = 64 << 20  # size of the private /tmp (and /dev/shm)
+    output_bytes: int = 1 << 20  # stdout + stderr read before the call is killed; also caps the answer
+    pids: int = 32  # processes and threads of the call, bwrap's own 3 included
+    open_files: int = 256
+
+
+@dataclass
+class SandboxResult:
+    """The outcome of one call. ``error`` is the traceback of an exception, or the limit that ended the
+    call (``limit`` names it: wall, cpu, memory, output, pids); ``answer`` is the JSON value of the code's
+    ``answer`` variable (``answer_repr`` marks a ``repr`` string for values JSON cannot hold)."""
+
+    stdout: str = ""
+    stderr: str = ""
+    answer: Any = None
+    answer_repr: bool = False
+    error: str | None = None
+    limit: str | None = None
+    timed_out: bool = False
+    truncated: bool = False
+    exit_code: int | None = None
+    duration_s: float = 0.0
+    protections: tuple[str, ...] = ()
+    call_id: str = ""
+    peak_memory_bytes: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_json(self) -> dict:
+        """The observation an agent sees: empty fields left out."""
+        out: dict[str, Any] = {"stdout": self.stdout}
+        if self.stderr:
+            out["stderr"] = self.stderr
+        if self.answer is not None:
+            out["answer"] = self.answer
+        if self.error is not None:
+            out["error"] = self.error
+        if self.truncated:
+            out["truncated"] = True
+        return out
+
+
+class SandboxUnavailable(RuntimeError):
+    """The sandbox cannot be set up here; the message names what is missing and how to get it."""
+
+
+@dataclass(frozen=True)
+class SandboxProbe:
+    """What works on this machine (``sandbox_probe()``): each layer, and what is missing for a full sandbox."""
+
+    bwrap: str | None = None
+    namespaces: bool = False
+    seccomp: bool = False
+    cgroup_pids: str | None = None  # parent directory of the per-call cgroups
+    cgroup_memory: str | None = None
+    missing: tuple[str, ...] = ()
+    details: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def available(self) -> bool:
+        return not self.missing
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "available": self.available}
+
+
+# --- the bootstrap: runs inside, before the user's code -------------------------------------------------
+
+#: Run as a pre-compiled file (``_boot_pyc``; compiling it per call cost ~3 ms). Sets the rlimits, reads {"code", "inputs"} from stdin (marshal: built in, 2x
+#: faster than json on 1 MB; written by the host with the same interpreter), runs the code in a fresh
+#: namespace holding the inputs, and writes {"error", "answer_repr", "answer"} as JSON to the result fd (the
+#: host never unmarshals what the code made). Start-up is most of a call's cost, so it never imports
+#: ``json`` nor ``signal`` (``re`` and ``enum`` with them: ~10 ms): a small encoder over ``_json``'s C string
+#: escaper writes the answer, ``_signal`` is the C module; ``traceback`` is imported only on an error.
+#: Processes the code forks end without a result.
+_BOOT = r"""# fhirgym-sandbox-boot
+import _signal, marshal, os, resource, sys
+from _json import encode_basestring_ascii as _esc
+cpu, aspace, fsize, nofile, rfd = (int(a) for a in sys.argv[1:6])
+for r, v in ((resource.RLIMIT_CORE, 0), (resource.RLIMIT_FSIZE, fsize), (resource.RLIMIT_NOFILE, nofile),
+             (resource.RLIMIT_AS, aspace), (resource.RLIMIT_CPU, cpu)):
+    resource.setrlimit(r, (v, v + 1 if r == resource.RLIMIT_CPU else v))
+class CPUTimeLimitExceeded(BaseException):
+    pass
+def _xcpu(signum, frame):
+    raise CPUTimeLimitExceeded(f"CPU time limit of {cpu} s exceeded")
+_signal.signal(_signal.SIGXCPU, _xcpu)
+payload = marshal.loads(sys.stdin.buffer.read())
+null = os.open(os.devnull, os.O_RDONLY)
+os.dup2(null, 0)
+os.close(null)
+def _jsonable(v):
+    if isinstance(v, (set, frozenset)):
+        try:
+            return sorted(v)
+        except TypeError:
+            return list(v)
+    if hasattr(v, "isoformat"):
+        return v.isoformat()
+    raise TypeError(type(v).__name__)
+def _enc(v, out):
+    if v is None or v is True or v is False:
+        out.append("null" if v is None else "true" if v else "false")
+    elif isinstance(v, str):
+        out.append(_esc(v))
+    elif isinstance(v, int):
+        out.append(int.__repr__(v))
+    elif isinstance(v, float):
+        if v != v or v in (float("inf"), float("-inf")):
+            raise ValueError("NaN or infinity")
+        out.append(float.__repr__(v))
+    elif isinstance(v, (list, tuple)):
+        out.append("[")
+        for i, x in enumerate(v):
+            out.append("," if i else "")
+            _enc(x, out)
+        out.append("]")
+    elif isinstance(v, dict):
+        out.append("{")
+        for i, (k, x) in enumerate(v.items()):
+            if not isinstance(k, (str, int, float, bool)) and k is not None:
+                raise TypeError("key " + type(k).__name__)
+            out.append(("," if i else "") + _esc(k if isinstance(k, str) else "".join(_dump(k))) + ":")
+            _enc(x, out)
+        out.append("}")
+    else:
+        _enc(_jsonable(v), out)
+def _dump(v):
+    out = []
+    _enc(v, out)
+    return out
+def _error(exc):
+    import traceback
+    te = traceback.TracebackException.from_exception(exc)
+    for t in (te, *(c for c in (te.__cause__, te.__context__) if c)):
+        t.stack = traceback.StackSummary.from_list([f for f in t.stack if f.filename != "<fhirgym-boot>"])
+    return "".join(te.format())
+def _run():
+    ns = {"__name__": "__main__", "__builtins__": __builtins__, "answer": None, **payload["inputs"]}
+    main, error = os.getpid(), None
+    try:
+        if payload.get("prelude"):  # host-given helpers (e.g. the FHIR functions); their frames are hidden
+            exec(compile(payload["prelude"], "<fhirgym-boot>", "exec"), ns)
+        exec(compile(payload["code"], "<python>", "exec"), ns)
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            error = f"SystemExit: {exc.code}"
+    except BaseException as exc:
+        error = _error(exc)
+    for s in (sys.stdout, sys.stderr):
+        try:
+            s.flush()
+        except BaseException:
+            pass
+    if os.getpid() != main:
+        os._exit(1 if error else 0)
+    answer, is_repr = ns.get("answer"), False
+    try:
+        text = "".join(_dump(answer))
+    except BaseException:
+        is_repr = True
+        try:
+            text = _esc(repr(answer))
+        except BaseException as exc:
+            text = _esc(f"<unrepresentable: {type(exc).__name__}>")
+    with os.fdopen(rfd, "w", encoding="ascii") as f:
+        f.write(f'{{"error":{"null" if error is None else _esc(error)},"answer_repr":{str(is_repr).lower()},'
+                f'"answer":{text}}}')
+    os._exit(0)
+_run()
+"""
+
+
+@functools.cache
+def _boot_pyc() -> str:
+    """The bootstrap compiled once per host process, in a private temp dir removed at exit."""
+    d = tempfile.mkdtemp(prefix="fhirgym-boot-")
+    atexit.register(shutil.rmtree, d, True)
+    src = os.path.join(d, "boot.py")
+    Path(src).write_text(_BOOT)
+    out = py_compile.compile(src, os.path.join(d, "boot.pyc"), dfile="<fhirgym-boot>", doraise=True,
+                             invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    os.chmod(d, 0o755)
+    return out
+
+
+# --- probing the machine -----------------------------------------------------------------------------------
+
+
+def _base_paths() -> dict[str, str]:
+    """The base interpreter's install paths: in a venv, sysconfig's own ``platstdlib`` and ``purelib``
+    point into the venv (the project's packages), which must never be mounted."""
+    return sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix,
+                                     "installed_base": sys.base_prefix, "installed_platbase": sys.base_exec_prefix})
+
+
+@functools.cache
+def _interpreter() -> tuple[str, tuple[str, ...]]:
+    """The real interpreter (a venv's ``python`` is a symlink to it) and the host paths it needs."""
+    exe = os.path.realpath(sys.executable)
+    base = _base_paths()
+    paths = [exe, base["stdlib"], base["platstdlib"]]
+    if sysconfig.get_config_var("Py_ENABLE_SHARED"):
+        lib = os.path.join(sysconfig.get_config_var("LIBDIR") or "", sysconfig.get_config_var("INSTSONAME") or "")
+        if os.path.exists(lib):
+            paths.append(os.path.realpath(lib))
+    return exe, tuple(paths)
+
+
+@functools.cache
+def _system_binds() -> tuple[str, ...]:
+    """Read-only binds of the shared libraries (symlinks kept as symlinks) and the time-zone database."""
+    args: list[str] = []
+    for d in ("/usr/lib", "/usr/lib64", "/usr/lib32", "/lib", "/lib64", "/lib32", "/usr/share/zoneinfo"):
+        if os.path.islink(d):
+            args += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            args += ["--ro-bind", d, d]
+    return tuple(args)
+
+
+@functools.cache
+def _python_binds() -> tuple[str, ...]:
+    """Read-only binds of the interpreter and its stdlib, with an empty tmpfs over site-packages."""
+    covered = [a for a in _system_binds() if a.startswith("/") and os.path.isdir(a)]
+    args: list[str] = []
+    _, paths = _interpreter()
+    for p in dict.fromkeys(paths):
+        if not any(p == c or p.startswith(c.rstrip("/") + "/") for c in covered):
+            args += ["--ro-bind", p, p]
+    base = _base_paths()
+    for site in dict.fromkeys((base["purelib"], base["platlib"])):
+        if os.path.isdir(site) and site.startswith(base["stdlib"] + "/"):
+            args += ["--tmpfs", site, "--remount-ro", site]
+    return tuple(args)
+
+
+def _find_bwrap() -> str | None:
+    return os.environ.get("FHIRGYM_BWRAP") or shutil.which("bwrap") or (
+        "/usr/bin/bwrap" if os.access("/usr/bin/bwrap", os.X_OK) else None)
+
+
+def _cgroup_parent(controller: str) -> tuple[str | None, str]:
+    """A directory where this process may create child cgroups with ``controller``: a child of its own
+    cgroup (v1, or v2 where the controller can be delegated), else the v2 root. (None, why) if none."""
+    try:
+        own = Path("/proc/self/cgroup").read_text().splitlines()
+        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError as exc:
+        return None, str(exc)
+    v1_path = v2_path = None
+    for line in own:
+        hid, ctrls, path = line.split(":", 2)
+        if hid == "0" and not ctrls:
+            v2_path = path
+        elif controller in ctrls.split(","):
+            v1_path = path
+    for line in mounts:
+        left, _, right = line.partition(" - ")
+        fstype, _, options = right.split(" ", 2)
+        mnt = left.split()[4]
+        if v1_path is not None and fstype == "cgroup" and controller in options.split()[-1].split(","):
+            parent = os.path.normpath(os.path.join(mnt, v1_path.lstrip("/")))
+            return (parent, "") if os.access(parent, os.W_OK) else (None, f"{parent} is not writable")
+        if v1_path is None and v2_path is not None and fstype == "cgroup2":
+            try:
+                if controller not in Path(mnt, "cgroup.controllers").read_text().split():
+                    continue
+            except OSError:
+                continue
+            for parent in dict.fromkeys((os.path.normpath(os.path.join(mnt, v2_path.lstrip("/"))), mnt)):
+                try:  # a non-root cgroup with processes cannot delegate controllers (EBUSY): try the root
+                    Path(parent, "cgroup.subtree_control").write_text(f"+{controller}")
+                    return parent, ""
+                except OSError:
+                    continue
+            return None, f"cannot enable the {controller} controller for child cgroups under {mnt}"
+    return None, f"no writable cgroup hierarchy with the {controller} controller"
+
+
+@functools.cache
+def _seccomp_program() -> bytes:
+    """The compiled BPF filter (x86_64 and friends: the native arch only; other arches' syscalls are killed)."""
+    import pyseccomp as seccomp
+
+    flt = seccomp.SyscallFilter(seccomp.ALLOW)
+    for name in DENIED_SYSCALLS:
+        try:
+            flt.add_rule(seccomp.ERRNO(errno.EPERM), name)
+        except (OSError, RuntimeError, ValueError):
+            continue  # not a syscall on this architecture (e.g. socketcall on x86_64)
+    with tempfile.TemporaryFile() as f:
+        flt.export_bpf(f)
+        f.seek(0)
+        return f.read()
+
+
+@functools.cache
+def _probe() -> SandboxProbe:
+    missing: list[str] = []
+    details: dict[str, str] = {}
+    bwrap = _find_bwrap()
+    namespaces = False
+    if bwrap is None:
+        missing.append("bubblewrap (bwrap) not found: install it with `bash scripts/_sandbox.sh` "
+                       "(apt-get install bubblewrap)")
+    else:
+        exe, _ = _interpreter()
+        try:
+            run = subprocess.run([bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+                                  *_system_binds(), *_python_binds(), "--", exe, "-I", "-S", "-c", "pass"],
+                                 capture_output=True, timeout=30, check=False)
+            namespaces = run.returncode == 0
+            if not namespaces:
+                details["bwrap"] = run.stderr.decode(errors="replace").strip()[:500]
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            details["bwrap"] = str(exc)
+        if not namespaces:
+            missing.append(f"bubblewrap cannot create namespaces here ({details.get('bwrap', '?')})")
+    try:
+        seccomp = bool(_seccomp_program())
+    except Exception as exc:  # ImportError, or RuntimeError("Unable to find libseccomp")
+        seccomp = False
+        details["seccomp"] = f"{type(exc).__name__}: {exc}"
+        missing.append(f"seccomp filter unavailable ({details['seccomp']}): install pyseccomp and libseccomp2")
+    parents: dict[str, str | None] = {}
+    for ctrl in ("pids", "memory"):
+        parent, why = _cgroup_parent(ctrl)
+        if parent is not None:
+            try:
+                probe_dir = _Cgroup.make_dir(parent, f"fhirgym-probe-{os.getpid()}")
+                os.rmdir(probe_dir)
+            except OSError as exc:
+                parent, why = None, f"cannot create a child cgroup in {parent}: {exc}"
+        parents[ctrl] = parent
+        if parent is not None:
+            _sweep_stale(parent)
+        if parent is None:
+            details[f"cgroup-{ctrl}"] = why
+            missing.append(f"{ctrl} cgroup unavailable ({why}); needs root or a delegated cgroup")
+    return SandboxProbe(bwrap=bwrap, namespaces=namespaces, seccomp=seccomp, cgroup_pids=parents["pids"],
+                        cgroup_memory=parents["memory"], missing=tuple(missing), details=details)
+
+
+def _sweep_stale(parent: str) -> None:
+    """Remove per-call cgroups left by a host process that died mid-call (their processes died with it)."""
+    for entry in os.scandir(parent):
+        if entry.name.startswith("fhirgym-sandbox-") and entry.is_dir():
+            pid = entry.name.split("-")[2]
+            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                try:
+                    os.rmdir(entry.path)
+                except OSError:
+                    continue
+
+
+def sandbox_probe(refresh: bool = False) -> SandboxProbe:
+    """What works on this machine (cached; ``refresh`` probes again)."""
+    if refresh:
+        _probe.cache_clear()
+    return _probe()
+
+
+def sandbox_available() -> bool:
+    """True when every layer of the sandbox works here."""
+    return sandbox_probe().available
+
+
+# --- per-call cgroups ------------------------------------------------------------------------------------
+
+
+class _Cgroup:
+    """A child cgroup per controller for one call: made before, emptied and removed after."""
+
+    def __init__(self, name: str, limits: SandboxLimits, pids_parent: str | None, memory_parent: str | None):
+        self.dirs: dict[str, str] = {}
+        try:
+            if pids_parent:
+                d = self.dirs["pids"] = self.make_dir(pids_parent, name)
+                Path(d, "pids.max").write_text(str(limits.pids))
+            if memory_parent:
+                d = self.dirs["memory"] = self.make_dir(memory_parent, name)
+                if os.path.exists(os.path.join(d, "memory.max")):  # v2
+                    Path(d, "memory.max").write_text(str(limits.memory_bytes))
+                    Path(d, "memory.swap.max").write_text("0") if os.path.exists(f"{d}/memory.swap.max") else None
+                else:
+                    Path(d, "memory.limit_in_bytes").write_text(str(limits.memory_bytes))
+                    if os.path.exists(f"{d}/memory.memsw.limit_in_bytes"):
+                        Path(d, "memory.memsw.limit_in_bytes").write_text(str(limits.memory_bytes))
+        except OSError:
+            self.remove()
+            raise
+
+    @staticmethod
+    def make_dir(parent: str, name: str) -> str:
+        d = os.path.join(parent, name)
+        os.mkdir(d)
+        return d
+
+    def procs_files(self) -> list[str]:
+        return [os.path.join(d, "cgroup.procs") for d in self.dirs.values()]
+
+    def _counter(self, ctrl: str, filename: str, key: str) -> int:
+        try:
+            for line in Path(self.dirs[ctrl], filename).read_text().splitlines():
+                k, _, v = line.partition(" ")
+                if k == key:
+                    return int(v)
+        except (KeyError, OSError, ValueError):
+            pass
+        return 0
+
+    def stats(self) -> dict[str, int]:
+        """pids limit hits, OOM kills, and peak memory (bytes) of the call so far."""
+        mem = self.dirs.get("memory", "")
+        oom = (self._counter("memory", "memory.events", "oom_kill") if os.path.exists(f"{mem}/memory.events")
+               else self._counter("memory", "memory.oom_control", "oom_kill"))
+        peak = 0
+        for fname in ("memory.peak", "memory.max_usage_in_bytes"):
+            try:
+                peak = int(Path(mem, fname).read_text())
+                break
+            except (OSError, ValueError):
+                continue
+        return {"pids_max_hits": self._counter("pids", "pids.events", "max"), "oom_kills": oom, "peak": peak}
+
+    def remove(self, timeout_s: float = 5.0) -> None:
+        """SIGKILL whatever is left (normally nothing: the pid namespace died with bwrap), then rmdir."""
+        deadline = time.monotonic() + timeout_s
+        for d in list(self.dirs.values()):
+            while True:
+                try:
+                    pids = [int(p) for p in Path(d, "cgroup.procs").read_text().split()]
+                except OSError:
+                    pids = []
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                try:
+                    os.rmdir(d)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.002)
+
+
+# --- the sandbox -----------------------------------------------------------------------------------------
+
+_call_ids = itertools.count(1)
+_WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+
+
+class Sandbox:
+    """Runs code for one episode in its workspace (``workspace_dir``, made 0700 if missing; a temporary one,
+    removed by :meth:`close`, when None). Calls are serialised; files the code writes in the workspace
+    (the current directory, also ``/workspace``) persist between calls."""
+
+    def __init__(self, workspace_dir: str | os.PathLike[str] | None = None, limits: SandboxLimits | None = None,
+                 unsafe: bool = False) -> None:
+        self.limits = limits or SandboxLimits()
+        self.unsafe = unsafe
+        self._own_workspace = workspace_dir is None
+        if workspace_dir is None:
+            workspace_dir = tempfile.mkdtemp(prefix="fhirgym-ws-")
+        self.workspace = Path(workspace_dir).resolve()
+        self.workspace.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Remove the workspace if the sandbox made it."""
+        if self._own_workspace:
+            shutil.rmtree(self.workspace, ignore_errors=True)
+
+    def write_file(self, name: str, data: bytes | str) -> Path:
+        """Write a file into the workspace from the host, never through a symlink the code planted there
+        (``Observation.json -> ~/.bashrc`` would otherwise make the host clobber its own file)."""
+        parent, leaf = self._open_parent(name, create=True)
+        try:
+            try:
+                fd = os.open(leaf, _WRITE_FLAGS | os.O_TRUNC, 0o600, dir_fd=parent)
+            except OSError as exc:  # a symlink (ELOOP) or a FIFO (ENXIO): replace the entry (unlink never follows)
+                if exc.errno not in (errno.ELOOP, errno.ENXIO):
+                    raise
+                os.unlink(leaf, dir_fd=parent)
+                fd = os.open(leaf, _WRITE_FLAGS | os.O_EXCL, 0o600, dir_fd=parent)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data.encode() if isinstance(data, str) else data)
+        finally:
+            os.close(parent)
+        return self.workspace / name
+
+    def read_file(self, name: str, max_bytes: int = 1 << 20) -> bytes:
+        """Read at most ``max_bytes`` of a workspace file from the host, refusing symlinks (OSError ELOOP)."""
+        parent, leaf = self._open_parent(name, create=False)
+        try:
+            fd = os.open(leaf, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=parent)
+        finally:
+            os.close(parent)
+        with os.fdopen(fd, "rb") as f:
+            return f.read(max_bytes)
+
+    def _open_parent(self, name: str, create: bool) -> tuple[int, str]:
+        """An fd of ``name``'s directory, reached component by component without following symlinks."""
+        parts = Path(name).parts
+        if not parts or Path(name).is_absolute() or ".." in parts:
+            raise ValueError(f"not a relative path inside the workspace: {name!r}")
+        fd = os.open(self.workspace, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for part in parts[:-1]:
+                if create:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, 0o700, dir_fd=fd)
+                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, parts[-1]
+
+    def protections(self) -> tuple[str, ...]:
+        """The layers calls will run under; raises :class:`SandboxUnavailable` when one is missing and the
+        sandbox is not ``unsafe``."""
+        p = sandbox_probe()
+        if p.missing and not self.unsafe:
+            raise SandboxUnavailable("python sandbox unavailable: " + "; ".join(p.missing)
+                                     + ". Pass --unsafe-python (Sandbox(unsafe=True)) to run code without it.")
+        have = {"bwrap": bool(p.bwrap and p.namespaces), "seccomp": p.seccomp and bool(p.bwrap and p.namespaces),
+                "cgroup-pids": p.cgroup_pids is not None, "cgroup-memory": p.cgroup_memory is not None,
+                "rlimits": True}
+        return tuple(k for k in PROTECTIONS if have[k])
+
+    def _argv(self, layers: tuple[str, ...], call_id: str, result_fd: int, seccomp_fd: int | None) -> list[str]:
+        lim = self.limits
+        exe, _ = _interpreter()
+        boot = _boot_pyc()
+        py = [exe, "-I", "-S", "-B", "-X", "utf8", BOOT_PATH if "bwrap" in layers else boot, str(lim.cpu_s),
+              str(lim.address_space_bytes or lim.memory_bytes), str(lim.file_bytes), str(lim.open_files),
+              str(result_fd), call_id]
+        if "bwrap" not in layers:
+            return py
+        argv = [sandbox_probe().bwrap or "bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
+                "--uid", "65534", "--gid", "65534", "--hostname", "sandbox", "--die-with-parent", "--new-session",
+                "--clearenv", "--setenv", "LANG", "C.UTF-8", "--setenv", "HOME", WORKSPACE,
+                "--setenv", "TMPDIR", "/tmp", *_system_binds(), *_python_binds(),
+                "--proc", "/proc", "--dev", "/dev", "--size", str(lim.tmp_bytes), "--tmpfs", "/dev/shm",
+                "--size", str(lim.tmp_bytes), "--tmpfs", "/tmp",
+                "--ro-bind", boot, BOOT_PATH,
+                "--bind", str(self.workspace), WORKSPACE, "--chdir", WORKSPACE, "--remount-ro", "/"]
+        if seccomp_fd is not None:
+            argv += ["--seccomp", str(seccomp_fd)]
+        return [*argv, "--", *py]
+
+    def run(self, code: str, inputs: Mapping[str, Any] | None = None, *, prelude: str | None = None,
+            pass_fds: Sequence[int] = ()) -> SandboxResult:
+        """Run ``code`` with ``inputs`` (JSON values) as variables; never raises for the code's faults.
+
+        ``prelude``: trusted source run first in the same namespace (its frames are left out of tracebacks);
+        ``pass_fds``: host fds the code inherits (e.g. the pipes of a host-side RPC), closed here once started.
+        """
+        layers = self.protections()
+        try:
+            payload = marshal.dumps({"code": code, "inputs": dict(inputs or {}), "prelude": prelude})
+        except ValueError as exc:
+            raise TypeError(f"sandbox inputs must be JSON values: {exc}") from exc
+        with self._lock:
+            return self._run(layers, payload, tuple(pass_fds))
+
+    def _run(self, layers: tuple[str, ...], payload: bytes, extra_fds: tuple[int, ...] = ()) -> SandboxResult:
+        lim = self.limits
+        call_id = f"fhirgym-sandbox-{os.getpid()}-{next(_call_ids)}"
+        p = sandbox_probe()
+        cgroup = _Cgroup(call_id, lim, p.cgroup_pids if "cgroup-pids" in layers else None,
+                         p.cgroup_memory if "cgroup-memory" in layers else None)
+        result_r, result_w = os.pipe()
+        fds = [result_w, *extra_fds]
+        seccomp_fd = None
+        if "seccomp" in layers:
+            seccomp_fd, sw = os.pipe()
+            os.write(sw, _seccomp_program())
+            os.close(sw)
+            fds.append(seccomp_fd)
+        argv = self._argv(layers, call_id, result_w, seccomp_fd)
+        if cgroup.dirs:  # join the cgroups before bwrap starts, so every process of the call is inside
+            argv = ["/bin/sh", "-c", 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; '
+                    'shift; exec "$@"', "sh", *cgroup.procs_files(), "--", *argv]
+        env = None if "bwrap" in layers else {"LANG": "C.UTF-8", "HOME": str(self.workspace),
+                                              "TMPDIR": tempfile.gettempdir()}
+        start = time.monotonic()
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    pass_fds=fds, cwd=self.workspace, env=env, start_new_session=True)
+        except BaseException:
+            for fd in (result_r, *fds):
+                os.close(fd)
+            cgroup.remove()
+            raise
+        for fd in fds:
+            os.close(fd)
+        try:
+            out, err, res, reason = _pump(proc, payload, result_r, start + lim.wall_s, lim.output_bytes)
+        finally:
+            os.close(result_r)
+            _kill(proc)
+            stats = cgroup.stats()
+            cgroup.remove()
+        return _result(self.limits, proc.returncode, out, err, res, reason, stats,
+                       time.monotonic() - start, layers, call_id)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """SIGKILL the call's process group (bwrap: its pid namespace dies with it) and reap it."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    for f in (proc.stdin, proc.stdout, proc.stderr):
+        if f is not None:
+            f.close()
+
+
+def _pump(proc: subprocess.Popen, payload: bytes, result_fd: int, deadline: float,
+          cap: int) -> tuple[bytes, bytes, bytes, str | None]:
+    """Feed stdin, read stdout/stderr/result until EOF, the deadline ("wall") or a cap ("output", "answer")."""
+    assert proc.stdin and proc.stdout and proc.stderr
+    bufs: dict[int, bytearray] = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray(),
+                                  result_fd: bytearray()}
+    sel = selectors.DefaultSelector()
+    for fd in bufs:
+        os.set_blocking(fd, False)
+        sel.register(fd, selectors.EVENT_READ)
+    win = proc.stdin.fileno()
+    os.set_blocking(win, False)
+    sel.register(win, selectors.EVENT_WRITE)
+    view, sent, reason = memoryview(payload), 0, None
+    try:
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                reason = "wall"
+                break
+            for key, _ in sel.select(left):
+                fd = key.fd
+                if fd == win:
+                    try:
+                        sent += os.write(fd, view[sent:sent + 65536])
+                    except (BrokenPipeError, BlockingIOError) as exc:
+                        if isinstance(exc, BlockingIOError):
+                            continue
+                        sent = len(view)
+                    if sent >= len(view):
+                        sel.unregister(fd)
+                        proc.stdin.close()
+                    continue
+                try:
+                    chunk = os.read(fd, 65536)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    sel.unregister(fd)
+                    continue
+                bufs[fd] += chunk
+                if len(bufs[result_fd]) > cap:
+                    reason = "answer"
+                elif len(bufs[proc.stdout.fileno()]) + len(bufs[proc.stderr.fileno()]) > cap:
+                    reason = "output"
+                if reason:
+                    break
+            if reason:
+                break
+        if reason is None:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                reason = "wall"
+    finally:
+        sel.close()
+    return bytes(bufs[proc.stdout.fileno()]), bytes(bufs[proc.stderr.fileno()]), bytes(bufs[result_fd]), reason
+
+
+def _result(lim: SandboxLimits, rc: int | None, out: bytes, err: bytes, res: bytes, reason: str | None,
+            stats: dict[str, int], duration: float, layers: tuple[str, ...], call_id: str) -> SandboxResult:
+    """Turn what came back into a result, naming the limit that ended the call if one did."""
+    truncated = len(out) + len(err) > lim.output_bytes
+    stdout = out[: lim.output_bytes].decode("utf-8", "replace")
+    stderr = err[: max(0, lim.output_bytes - len(out))].decode("utf-8", "replace")
+    r = SandboxResult(stdout=stdout, stderr=stderr, exit_code=rc, duration_s=round(duration, 4),
+                      protections=layers, call_id=call_id, truncated=truncated,
+                      peak_memory_bytes=stats["peak"] or None)
+    parsed: dict[str, Any] | None = None
+    if reason is None and res:
+        try:
+            parsed = json.loads(res)
+        except ValueError:
+            parsed = None
+    if parsed is not None:
+        r.answer, r.answer_repr, r.error = parsed.get("answer"), bool(parsed.get("answer_repr")), parsed.get("error")
+        if r.error and "CPUTimeLimitExceeded" in r.error:
+            r.limit = "cpu"
+        elif r.error and "MemoryError" in r.error:
+            r.limit = "memory"
+    elif reason == "wall":
+        r.timed_out, r.limit = True, "wall"
+        r.error = f"wall-clock limit exceeded: killed after {lim.wall_s:g} s"
+    elif reason == "output":
+        r.limit = "output"
+        r.error = f"output limit exceeded: more than {lim.output_bytes} bytes of output; killed"
+    elif reason == "answer":
+        r.limit = "output"
+        r.error = f"output limit exceeded: the answer (or traceback) is over {lim.output_bytes} bytes; killed"
+    elif stats["oom_kills"]:
+        r.limit = "memory"
+        r.error = f"memory limit exceeded: the call's processes passed {lim.memory_bytes} bytes and were killed"
+    elif rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU, -signal.SIGKILL, 128 + signal.SIGKILL):
+        r.limit = "cpu"
+        r.error = f"CPU time limit of {lim.cpu_s} s exceeded; killed"
+    else:
+        r.error = f"the code ended the interpreter without a result (exit code {rc})"
+    if r.limit is None and stats["pids_max_hits"]:
+        r.limit = "pids"
+        if r.error:
+            r.error += f"\n(the limit of {lim.pids} processes was hit)"
+    return r
