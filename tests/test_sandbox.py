@@ -197,6 +197,19 @@ def test_unavailable_refuses_unless_unsafe(tmp_path: Path, monkeypatch: pytest.M
     assert r.ok and r.answer == str(tmp_path / "ws") and r.protections == ("rlimits",)
 
 
+def test_workspace_is_private_and_unsafe_mode_kills_forked_children(tmp_path: Path, monkeypatch):
+    ws = tmp_path / "shared"
+    ws.mkdir(mode=0o755)
+    with Sandbox(ws, LIMITS) as sb:
+        assert oct(ws.stat().st_mode & 0o777) == "0o700"
+    monkeypatch.setattr(Sandbox, "protections", lambda self: ("rlimits",))
+    with Sandbox(ws, LIMITS, unsafe=True) as sb:
+        r = sb.run("import os, time\nif os.fork() == 0:\n    time.sleep(3600)\nanswer = 1")
+        assert r.ok and r.protections == ("rlimits",)
+        time.sleep(0.1)
+        assert _leftover_processes(r.call_id) == []  # the process group went
+
+
 def test_own_temporary_workspace_is_removed():
     with Sandbox(limits=LIMITS) as sb:
         assert sb.run("open('f', 'w').write('x')").ok

@@ -539,7 +539,7 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
 
 
 class Sandbox:
-    """Runs code for one episode in its workspace (``workspace_dir``, made 0700 if missing; a temporary one,
+    """Runs code for one episode in its workspace (``workspace_dir``, made or set 0700; a temporary one,
     removed by :meth:`close`, when None). Calls are serialised; files the code writes in the workspace
     (the current directory, also ``/workspace``) persist between calls."""
 
@@ -552,6 +552,9 @@ class Sandbox:
             workspace_dir = tempfile.mkdtemp(prefix="fhirgym-ws-")
         self.workspace = Path(workspace_dir).resolve()
         self.workspace.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Files the code makes are owned by the host user (uid 65534 inside maps to it) and may carry a
+        # setuid bit: only the owner may enter the workspace.
+        os.chmod(self.workspace, 0o700)
         self._lock = threading.Lock()
 
     def __enter__(self) -> Sandbox:
@@ -698,10 +701,10 @@ class Sandbox:
 
 
 def _kill(proc: subprocess.Popen) -> None:
-    """SIGKILL the call's process group (bwrap: its pid namespace dies with it) and reap it."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+    """SIGKILL the call's process group, even after its leader exited (without bwrap, processes the code
+    forked are still in it; with bwrap, the pid namespace dies with bwrap), then reap the leader."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     for f in (proc.stdin, proc.stdout, proc.stderr):
         if f is not None:
@@ -710,10 +713,11 @@ def _kill(proc: subprocess.Popen) -> None:
 
 def _pump(proc: subprocess.Popen, payload: bytes, result_fd: int, deadline: float,
           cap: int) -> tuple[bytes, bytes, bytes, str | None]:
-    """Feed stdin, read stdout/stderr/result until EOF, the deadline ("wall") or a cap ("output", "answer")."""
+    """Feed stdin, read stdout/stderr/result until EOF or the leader's exit (without bwrap, processes the
+    code forked may hold the pipes open), the deadline ("wall") or a cap ("output", "answer")."""
     assert proc.stdin and proc.stdout and proc.stderr
-    bufs: dict[int, bytearray] = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray(),
-                                  result_fd: bytearray()}
+    out, err = proc.stdout.fileno(), proc.stderr.fileno()
+    bufs: dict[int, bytearray] = {out: bytearray(), err: bytearray(), result_fd: bytearray()}
     sel = selectors.DefaultSelector()
     for fd in bufs:
         os.set_blocking(fd, False)
@@ -721,50 +725,58 @@ def _pump(proc: subprocess.Popen, payload: bytes, result_fd: int, deadline: floa
     win = proc.stdin.fileno()
     os.set_blocking(win, False)
     sel.register(win, selectors.EVENT_WRITE)
-    view, sent, reason = memoryview(payload), 0, None
+    view, sent = memoryview(payload), 0
+
+    def done(reason: str | None) -> tuple[bytes, bytes, bytes, str | None]:
+        return bytes(bufs[out]), bytes(bufs[err]), bytes(bufs[result_fd]), reason
+
+    def read(fd: int) -> str | None:
+        """Read what is there; unregister at EOF; name the cap that was passed, if one was."""
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                return None
+            if not chunk:
+                sel.unregister(fd)
+                return None
+            bufs[fd] += chunk
+            if len(bufs[result_fd]) > cap:
+                return "answer"
+            if len(bufs[out]) + len(bufs[err]) > cap:
+                return "output"
+
     try:
-        while sel.get_map():
+        while any(fd in bufs for fd in sel.get_map()):
             left = deadline - time.monotonic()
             if left <= 0:
-                reason = "wall"
-                break
-            for key, _ in sel.select(left):
-                fd = key.fd
-                if fd == win:
+                return done("wall")
+            events = sel.select(min(left, 0.05))
+            for key, _ in events:
+                if key.fd == win:
                     try:
-                        sent += os.write(fd, view[sent:sent + 65536])
-                    except (BrokenPipeError, BlockingIOError) as exc:
-                        if isinstance(exc, BlockingIOError):
-                            continue
+                        sent += os.write(win, view[sent:sent + 65536])
+                    except BlockingIOError:
+                        continue
+                    except BrokenPipeError:
                         sent = len(view)
                     if sent >= len(view):
-                        sel.unregister(fd)
+                        sel.unregister(win)
                         proc.stdin.close()
-                    continue
-                try:
-                    chunk = os.read(fd, 65536)
-                except BlockingIOError:
-                    continue
-                if not chunk:
-                    sel.unregister(fd)
-                    continue
-                bufs[fd] += chunk
-                if len(bufs[result_fd]) > cap:
-                    reason = "answer"
-                elif len(bufs[proc.stdout.fileno()]) + len(bufs[proc.stderr.fileno()]) > cap:
-                    reason = "output"
-                if reason:
-                    break
-            if reason:
+                elif reason := read(key.fd):
+                    return done(reason)
+            if not events and proc.poll() is not None:  # the leader is gone: take what is left, stop
+                for fd in [fd for fd in sel.get_map() if fd in bufs]:
+                    if reason := read(fd):
+                        return done(reason)
                 break
-        if reason is None:
-            try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                reason = "wall"
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return done("wall")
+        return done(None)
     finally:
         sel.close()
-    return bytes(bufs[proc.stdout.fileno()]), bytes(bufs[proc.stderr.fileno()]), bytes(bufs[result_fd]), reason
 
 
 def _result(lim: SandboxLimits, rc: int | None, out: bytes, err: bytes, res: bytes, reason: str | None,
