@@ -163,19 +163,15 @@ class SandboxProbe:
 _BOOT = r"""# fhirgym-sandbox-boot
 import _signal, marshal, os, resource, sys
 from _json import encode_basestring_ascii as _esc
-cpu, aspace, fsize, nofile, rfd = (int(a) for a in sys.argv[1:6])
-for r, v in ((resource.RLIMIT_CORE, 0), (resource.RLIMIT_FSIZE, fsize), (resource.RLIMIT_NOFILE, nofile),
-             (resource.RLIMIT_AS, aspace), (resource.RLIMIT_CPU, cpu)):
-    resource.setrlimit(r, (v, v + 1 if r == resource.RLIMIT_CPU else v))
 class CPUTimeLimitExceeded(BaseException):
     pass
-def _xcpu(signum, frame):
-    raise CPUTimeLimitExceeded(f"CPU time limit of {cpu} s exceeded")
-_signal.signal(_signal.SIGXCPU, _xcpu)
-payload = marshal.loads(sys.stdin.buffer.read())
-null = os.open(os.devnull, os.O_RDONLY)
-os.dup2(null, 0)
-os.close(null)
+def _limits(cpu, aspace, fsize, nofile):
+    for r, v in ((resource.RLIMIT_CORE, 0), (resource.RLIMIT_FSIZE, fsize), (resource.RLIMIT_NOFILE, nofile),
+                 (resource.RLIMIT_AS, aspace), (resource.RLIMIT_CPU, cpu)):
+        resource.setrlimit(r, (v, v + 1 if r == resource.RLIMIT_CPU else v))
+    def _xcpu(signum, frame):
+        raise CPUTimeLimitExceeded(f"CPU time limit of {cpu} s exceeded")
+    _signal.signal(_signal.SIGXCPU, _xcpu)
 def _jsonable(v):
     if isinstance(v, (set, frozenset)):
         try:
@@ -222,7 +218,11 @@ def _error(exc):
     for t in (te, *(c for c in (te.__cause__, te.__context__) if c)):
         t.stack = traceback.StackSummary.from_list([f for f in t.stack if f.filename != "<fhirgym-boot>"])
     return "".join(te.format())
-def _run():
+def _run(rfd):
+    payload = marshal.loads(sys.stdin.buffer.read())
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
     ns = {"__name__": "__main__", "__builtins__": __builtins__, "answer": None, **payload["inputs"]}
     main, error = os.getpid(), None
     try:
@@ -252,7 +252,48 @@ def _run():
         f.write(f'{{"error":{"null" if error is None else _esc(error)},"answer_repr":{str(is_repr).lower()},'
                 f'"answer":{text}}}')
     os._exit(0)
-_run()
+def _zygote(ctl_fd):
+    # One per episode: forks a child per call, so a call skips bwrap's and the interpreter's start-up.
+    # Not dumpable: the calls' processes (same uid) cannot open its /proc files (memory, fds).
+    import ctypes, socket
+    prctl = ctypes.CDLL(None).prctl
+    prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+    ctl = socket.socket(fileno=ctl_fd)
+    ctl.send(b"ready")
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(ctl, 4096, 4)
+        except OSError:
+            os._exit(0)
+        if not msg or len(fds) != 4:
+            os._exit(0)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                ctl.close()
+                os.setsid()
+                for i, f in enumerate(fds):
+                    os.dup2(f, 100 + i)
+                for f in fds:
+                    if not 100 <= f < 104:
+                        os.close(f)
+                for i in range(4):
+                    os.dup2(100 + i, i)
+                    os.close(100 + i)
+                prctl(4, 1, 0, 0, 0)
+                _limits(*marshal.loads(msg)[:4])
+                _run(3)
+            finally:
+                os._exit(70)
+        for f in fds:
+            os.close(f)
+        _, status = os.waitpid(pid, 0)
+        ctl.send(marshal.dumps(os.waitstatus_to_exitcode(status)))
+if sys.argv[1] == "zygote":
+    _zygote(int(sys.argv[2]))
+else:
+    _limits(*(int(a) for a in sys.argv[2:6]))
+    _run(int(sys.argv[6]))
 """
 
 
@@ -631,7 +672,7 @@ class Sandbox:
         lim = self.limits
         exe, _ = _interpreter()
         boot = _boot_pyc()
-        py = [exe, "-I", "-S", "-B", "-X", "utf8", BOOT_PATH if "bwrap" in layers else boot, str(lim.cpu_s),
+        py = [exe, "-I", "-S", "-B", "-X", "utf8", BOOT_PATH if "bwrap" in layers else boot, "call", str(lim.cpu_s),
               str(lim.address_space_bytes or lim.memory_bytes), str(lim.file_bytes), str(lim.open_files),
               str(result_fd), call_id]
         if "bwrap" not in layers:
