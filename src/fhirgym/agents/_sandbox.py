@@ -40,16 +40,19 @@ import json
 import marshal
 import os
 import py_compile
+import select
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+import weakref
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -498,24 +501,41 @@ def sandbox_available() -> bool:
 class _Cgroup:
     """A child cgroup per controller for one call: made before, emptied and removed after."""
 
-    def __init__(self, name: str, limits: SandboxLimits, pids_parent: str | None, memory_parent: str | None):
+    def __init__(self, name: str, pids: int, memory_bytes: int, pids_parent: str | None,
+                 memory_parent: str | None):
         self.dirs: dict[str, str] = {}
         try:
             if pids_parent:
-                d = self.dirs["pids"] = self.make_dir(pids_parent, name)
-                Path(d, "pids.max").write_text(str(limits.pids))
+                self.dirs["pids"] = self.make_dir(pids_parent, name)
+                self.set_pids(pids)
             if memory_parent:
                 d = self.dirs["memory"] = self.make_dir(memory_parent, name)
                 if os.path.exists(os.path.join(d, "memory.max")):  # v2
-                    Path(d, "memory.max").write_text(str(limits.memory_bytes))
+                    Path(d, "memory.max").write_text(str(memory_bytes))
                     Path(d, "memory.swap.max").write_text("0") if os.path.exists(f"{d}/memory.swap.max") else None
                 else:
-                    Path(d, "memory.limit_in_bytes").write_text(str(limits.memory_bytes))
+                    Path(d, "memory.limit_in_bytes").write_text(str(memory_bytes))
                     if os.path.exists(f"{d}/memory.memsw.limit_in_bytes"):
-                        Path(d, "memory.memsw.limit_in_bytes").write_text(str(limits.memory_bytes))
+                        Path(d, "memory.memsw.limit_in_bytes").write_text(str(memory_bytes))
         except OSError:
             self.remove()
             raise
+
+    def set_pids(self, pids: int) -> None:
+        Path(self.dirs["pids"], "pids.max").write_text(str(pids))
+
+    def pids(self) -> set[int]:
+        """The processes in the cgroup now (the pids hierarchy, else the memory one)."""
+        for d in self.dirs.values():
+            try:
+                return {int(p) for p in Path(d, "cgroup.procs").read_text().split()}
+            except OSError:
+                continue
+        return set()
+
+    def reset_peak(self) -> None:
+        with contextlib.suppress(KeyError, OSError):  # v1 only; v2's memory.peak covers the cgroup's life
+            Path(self.dirs["memory"], "memory.max_usage_in_bytes").write_text("0")
 
     @staticmethod
     def make_dir(parent: str, name: str) -> str:
@@ -597,6 +617,8 @@ class Sandbox:
         # setuid bit: only the owner may enter the workspace.
         os.chmod(self.workspace, 0o700)
         self._lock = threading.Lock()
+        self._zygote: _Zygote | None = None
+        self._finalizer: weakref.finalize | None = None
 
     def __enter__(self) -> Sandbox:
         return self
@@ -605,7 +627,11 @@ class Sandbox:
         self.close()
 
     def close(self) -> None:
-        """Remove the workspace if the sandbox made it."""
+        """Stop the episode's sandbox process; remove the workspace if the sandbox made it."""
+        with self._lock:
+            if self._zygote is not None:
+                self._zygote.close()
+                self._zygote = None
         if self._own_workspace:
             shutil.rmtree(self.workspace, ignore_errors=True)
 
@@ -668,13 +694,11 @@ class Sandbox:
                 "rlimits": True}
         return tuple(k for k in PROTECTIONS if have[k])
 
-    def _argv(self, layers: tuple[str, ...], call_id: str, result_fd: int, seccomp_fd: int | None) -> list[str]:
+    def _argv(self, layers: tuple[str, ...], seccomp_fd: int | None, boot_args: list[str]) -> list[str]:
+        """The interpreter running the bootstrap with ``boot_args``, inside bwrap when it is a layer."""
         lim = self.limits
         exe, _ = _interpreter()
-        boot = _boot_pyc()
-        py = [exe, "-I", "-S", "-B", "-X", "utf8", BOOT_PATH if "bwrap" in layers else boot, "call", str(lim.cpu_s),
-              str(lim.address_space_bytes or lim.memory_bytes), str(lim.file_bytes), str(lim.open_files),
-              str(result_fd), call_id]
+        py = [exe, "-I", "-S", "-B", "-X", "utf8", *boot_args]
         if "bwrap" not in layers:
             return py
         argv = [sandbox_probe().bwrap or "bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
@@ -683,7 +707,7 @@ class Sandbox:
                 "--setenv", "TMPDIR", "/tmp", *_system_binds(), *_python_binds(),
                 "--proc", "/proc", "--dev", "/dev", "--size", str(lim.tmp_bytes), "--tmpfs", "/dev/shm",
                 "--size", str(lim.tmp_bytes), "--tmpfs", "/tmp",
-                "--ro-bind", boot, BOOT_PATH,
+                "--ro-bind", _boot_pyc(), BOOT_PATH,
                 "--bind", str(self.workspace), WORKSPACE, "--chdir", WORKSPACE, "--remount-ro", "/"]
         if seccomp_fd is not None:
             argv += ["--seccomp", str(seccomp_fd)]
@@ -697,48 +721,210 @@ class Sandbox:
         except ValueError as exc:
             raise TypeError(f"sandbox inputs must be JSON values: {exc}") from exc
         with self._lock:
-            return self._run(layers, payload)
+            if "bwrap" in layers and "cgroup-pids" in layers:
+                return self._run_in_zygote(layers, payload)
+            return self._run_process(layers, payload)
 
-    def _run(self, layers: tuple[str, ...], payload: bytes) -> SandboxResult:
+    def processes(self) -> list[int]:
+        """Host pids of processes the calls left running: always empty between calls."""
+        z = self._zygote
+        return sorted(z.cgroup.pids() - z.infra) if z is not None and z.alive() else []
+
+    def _run_in_zygote(self, layers: tuple[str, ...], payload: bytes) -> SandboxResult:
+        """A call forked by the episode's zygote (started at the first call, restarted if it died)."""
+        lim = self.limits
+        z = self._zygote
+        if z is None or not z.alive() or z.layers != layers:
+            if z is not None:
+                z.close()
+            z = self._zygote = _Zygote(self, layers)
+            self._finalizer = weakref.finalize(self, z.close)
+        call_id = f"fhirgym-sandbox-{os.getpid()}-{next(_call_ids)}"
+        before = z.cgroup.stats()
+        z.cgroup.reset_peak()
+        child, host = _pipes()
+        header = marshal.dumps((lim.cpu_s, lim.address_space_bytes or lim.memory_bytes, lim.file_bytes,
+                                lim.open_files, call_id))
+        start = time.monotonic()
+        deadline = start + lim.wall_s
+        rc: int | str | None = None
+        try:
+            try:
+                socket.send_fds(z.sock, [header], list(child))
+            finally:
+                for fd in child:
+                    os.close(fd)
+            out, err, res, reason = _pump(host, payload, deadline, lim.output_bytes, z.reported)
+            if reason is None:
+                rc = z.status(deadline)
+                reason = "wall" if rc is None else None
+        except OSError:  # the zygote is gone (the code killed it): the next call starts another
+            out, err, res, reason, rc = b"", b"", b"", None, "died"
+        finally:
+            for fd in host:
+                os.close(fd)
+            z.kill_calls()
+            if rc is None:
+                rc = z.status(time.monotonic() + 5)
+        after = z.cgroup.stats()
+        stats = {k: after[k] - before[k] for k in ("pids_max_hits", "oom_kills")} | {"peak": after["peak"]}
+        if rc == "died" or not z.alive():
+            z.close()
+            self._zygote = None
+            rc = None
+            if reason is None and not res:
+                reason = "died"
+        return _result(lim, rc if isinstance(rc, int) else None, out, err, res, reason, stats,
+                       time.monotonic() - start, layers, call_id)
+
+    def _run_process(self, layers: tuple[str, ...], payload: bytes) -> SandboxResult:
+        """A call in a process of its own: bwrap (if any) and a fresh interpreter, cgroups made for it."""
         lim = self.limits
         call_id = f"fhirgym-sandbox-{os.getpid()}-{next(_call_ids)}"
         p = sandbox_probe()
-        cgroup = _Cgroup(call_id, lim, p.cgroup_pids if "cgroup-pids" in layers else None,
+        cgroup = _Cgroup(call_id, lim.pids, lim.memory_bytes, p.cgroup_pids if "cgroup-pids" in layers else None,
                          p.cgroup_memory if "cgroup-memory" in layers else None)
-        result_r, result_w = os.pipe()
-        fds = [result_w]
-        seccomp_fd = None
-        if "seccomp" in layers:
-            seccomp_fd, sw = os.pipe()
-            os.write(sw, _seccomp_program())
-            os.close(sw)
-            fds.append(seccomp_fd)
-        argv = self._argv(layers, call_id, result_w, seccomp_fd)
-        if cgroup.dirs:  # join the cgroups before bwrap starts, so every process of the call is inside
-            argv = ["/bin/sh", "-c", 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; '
-                    'shift; exec "$@"', "sh", *cgroup.procs_files(), "--", *argv]
+        child, host = _pipes()
+        seccomp_fd = _seccomp_fd() if "seccomp" in layers else None
+        py = [BOOT_PATH if "bwrap" in layers else _boot_pyc(), "call", str(lim.cpu_s),
+              str(lim.address_space_bytes or lim.memory_bytes), str(lim.file_bytes), str(lim.open_files),
+              str(child[3]), call_id]
+        argv = _join_cgroups(cgroup, self._argv(layers, seccomp_fd, py))
         env = None if "bwrap" in layers else {"LANG": "C.UTF-8", "HOME": str(self.workspace),
                                               "TMPDIR": tempfile.gettempdir()}
         start = time.monotonic()
+        deadline = start + lim.wall_s
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    pass_fds=fds, cwd=self.workspace, env=env, start_new_session=True)
+            proc = subprocess.Popen(argv, stdin=child[0], stdout=child[1], stderr=child[2],
+                                    pass_fds=[child[3]] + ([seccomp_fd] if seccomp_fd is not None else []),
+                                    cwd=self.workspace, env=env, start_new_session=True)
         except BaseException:
-            for fd in (result_r, *fds):
+            for fd in host:
                 os.close(fd)
             cgroup.remove()
             raise
-        for fd in fds:
-            os.close(fd)
-        try:
-            out, err, res, reason = _pump(proc, payload, result_r, start + lim.wall_s, lim.output_bytes)
         finally:
-            os.close(result_r)
+            for fd in (*child, *([seccomp_fd] if seccomp_fd is not None else [])):
+                os.close(fd)
+        try:
+            out, err, res, reason = _pump(host, payload, deadline, lim.output_bytes, lambda: proc.poll() is not None)
+            if reason is None:
+                try:
+                    proc.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    reason = "wall"
+        finally:
+            for fd in host:
+                os.close(fd)
             _kill(proc)
             stats = cgroup.stats()
             cgroup.remove()
-        return _result(self.limits, proc.returncode, out, err, res, reason, stats,
-                       time.monotonic() - start, layers, call_id)
+        return _result(lim, proc.returncode, out, err, res, reason, stats, time.monotonic() - start, layers, call_id)
+
+
+#: Memory the episode's cgroup allows on top of ``memory_bytes`` for the zygote, bwrap and its init
+#: (measured: ~5 MiB).
+ZYGOTE_MEMORY = 16 << 20
+
+
+class _Zygote:
+    """The episode's sandbox: one bwrap with an interpreter (the zygote) that forks a child per call.
+
+    Why: starting bwrap and an interpreter is most of a call's cost (~10-20 ms each here, much more on a
+    loaded machine). The zygote never runs the code itself; each child gets the call's pipes (passed
+    over a socketpair made outside the sandbox), sets the rlimits and runs the bootstrap. The host kills
+    every process of the episode's cgroups but the three of the sandbox (bwrap, its init, the zygote)
+    after each call, at the deadline and past the output cap, so nothing a call starts outlives it.
+    """
+
+    def __init__(self, sandbox: Sandbox, layers: tuple[str, ...]) -> None:
+        lim, p = sandbox.limits, sandbox_probe()
+        self.layers = layers
+        self.infra: set[int] = set()
+        self.cgroup = _Cgroup(f"fhirgym-sandbox-{os.getpid()}-{next(_call_ids)}", lim.pids + 8,
+                              lim.memory_bytes + ZYGOTE_MEMORY, p.cgroup_pids,
+                              p.cgroup_memory if "cgroup-memory" in layers else None)
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        seccomp_fd = _seccomp_fd() if "seccomp" in layers else None
+        argv = _join_cgroups(self.cgroup, sandbox._argv(layers, seccomp_fd, [BOOT_PATH, "zygote", str(theirs.fileno())]))
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.PIPE, cwd=sandbox.workspace, start_new_session=True,
+                                         pass_fds=[theirs.fileno()] + ([seccomp_fd] if seccomp_fd is not None else []))
+        except BaseException:
+            self.sock.close()
+            self.cgroup.remove()
+            raise
+        finally:
+            theirs.close()
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
+        assert self.proc.stderr is not None
+        ready = select.select([self.sock], [], [], 30)[0] and self.sock.recv(16) == b"ready"
+        if not ready:
+            why = self.proc.stderr.read(4000).decode(errors="replace") if self.proc.poll() is not None else "timeout"
+            self.close()
+            raise SandboxUnavailable(f"python sandbox did not start: {why.strip()}")
+        self.proc.stderr.close()
+        self.infra = self.cgroup.pids()  # bwrap, its init and the zygote: nothing else runs yet
+        self.cgroup.set_pids(lim.pids + len(self.infra))
+        for pid in self.infra:  # the OOM killer must pick the call's processes, never the sandbox's own
+            with contextlib.suppress(OSError):
+                Path(f"/proc/{pid}/oom_score_adj").write_text("-1000")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def reported(self) -> bool:
+        """True once the zygote has reported the call's exit status (or is gone)."""
+        return bool(select.select([self.sock], [], [], 0)[0])
+
+    def status(self, deadline: float) -> int | str | None:
+        """The exit code of the call's process, "died" if the zygote is gone, None at the deadline."""
+        if not select.select([self.sock], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            return None
+        try:
+            msg = self.sock.recv(64)
+        except OSError:
+            return "died"
+        return marshal.loads(msg) if msg else "died"
+
+    def kill_calls(self, timeout_s: float = 5.0) -> None:
+        """SIGKILL every process of the cgroup but the sandbox's own, until none is left."""
+        end = time.monotonic() + timeout_s
+        while (others := self.cgroup.pids() - self.infra) and time.monotonic() < end:
+            for pid in others:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.001)
+
+    def close(self) -> None:
+        if getattr(self, "proc", None) is not None:
+            _kill(self.proc)
+        self.sock.close()
+        self.cgroup.remove()
+
+
+def _pipes() -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
+    """The call's pipes: (stdin, stdout, stderr, result) ends for the child, and the host's ends."""
+    (a, b), (c, d), (e, f), (g, h) = os.pipe(), os.pipe(), os.pipe(), os.pipe()
+    return (a, d, f, h), (b, c, e, g)
+
+
+def _seccomp_fd() -> int:
+    """A pipe holding the compiled filter, for bwrap's ``--seccomp FD``."""
+    r, w = os.pipe()
+    os.write(w, _seccomp_program())
+    os.close(w)
+    return r
+
+
+def _join_cgroups(cgroup: _Cgroup, argv: list[str]) -> list[str]:
+    """Prefix ``argv`` with a shell that joins the cgroups, so every process it starts is inside."""
+    if not cgroup.dirs:
+        return argv
+    return ["/bin/sh", "-c", 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"',
+            "sh", *cgroup.procs_files(), "--", *argv]
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -752,24 +938,23 @@ def _kill(proc: subprocess.Popen) -> None:
             f.close()
 
 
-def _pump(proc: subprocess.Popen, payload: bytes, result_fd: int, deadline: float,
-          cap: int) -> tuple[bytes, bytes, bytes, str | None]:
-    """Feed stdin, read stdout/stderr/result until EOF or the leader's exit (without bwrap, processes the
-    code forked may hold the pipes open), the deadline ("wall") or a cap ("output", "answer")."""
-    assert proc.stdin and proc.stdout and proc.stderr
-    out, err = proc.stdout.fileno(), proc.stderr.fileno()
-    bufs: dict[int, bytearray] = {out: bytearray(), err: bytearray(), result_fd: bytearray()}
+def _pump(host: tuple[int, int, int, int], payload: bytes, deadline: float, cap: int,
+          leader_gone: Callable[[], bool]) -> tuple[bytes, bytes, bytes, str | None]:
+    """Feed stdin, read stdout/stderr/result until EOF or the leader's exit (processes the code forked
+    may hold the pipes open), the deadline ("wall") or a cap ("output", "answer"). The caller closes the
+    ``host`` fds."""
+    win, out, err, res = host
+    bufs: dict[int, bytearray] = {out: bytearray(), err: bytearray(), res: bytearray()}
     sel = selectors.DefaultSelector()
     for fd in bufs:
         os.set_blocking(fd, False)
         sel.register(fd, selectors.EVENT_READ)
-    win = proc.stdin.fileno()
     os.set_blocking(win, False)
     sel.register(win, selectors.EVENT_WRITE)
     view, sent = memoryview(payload), 0
 
     def done(reason: str | None) -> tuple[bytes, bytes, bytes, str | None]:
-        return bytes(bufs[out]), bytes(bufs[err]), bytes(bufs[result_fd]), reason
+        return bytes(bufs[out]), bytes(bufs[err]), bytes(bufs[res]), reason
 
     def read(fd: int) -> str | None:
         """Read what is there; unregister at EOF; name the cap that was passed, if one was."""
@@ -782,7 +967,7 @@ def _pump(proc: subprocess.Popen, payload: bytes, result_fd: int, deadline: floa
                 sel.unregister(fd)
                 return None
             bufs[fd] += chunk
-            if len(bufs[result_fd]) > cap:
+            if len(bufs[res]) > cap:
                 return "answer"
             if len(bufs[out]) + len(bufs[err]) > cap:
                 return "output"
@@ -803,18 +988,16 @@ def _pump(proc: subprocess.Popen, payload: bytes, result_fd: int, deadline: floa
                         sent = len(view)
                     if sent >= len(view):
                         sel.unregister(win)
-                        proc.stdin.close()
+                        null = os.open(os.devnull, os.O_WRONLY)  # EOF for the child; ``win`` stays open for
+                        os.dup2(null, win)  # the caller, who closes every host fd exactly once
+                        os.close(null)
                 elif reason := read(key.fd):
                     return done(reason)
-            if not events and proc.poll() is not None:  # the leader is gone: take what is left, stop
+            if not events and leader_gone():  # take what is left, stop
                 for fd in [fd for fd in sel.get_map() if fd in bufs]:
                     if reason := read(fd):
                         return done(reason)
                 break
-        try:
-            proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            return done("wall")
         return done(None)
     finally:
         sel.close()
@@ -850,6 +1033,8 @@ def _result(lim: SandboxLimits, rc: int | None, out: bytes, err: bytes, res: byt
     elif reason == "answer":
         r.limit = "output"
         r.error = f"output limit exceeded: the answer (or traceback) is over {lim.output_bytes} bytes; killed"
+    elif reason == "died":
+        r.error = "the sandbox's process died during the call (the next call starts a new one)"
     elif stats["oom_kills"]:
         r.limit = "memory"
         r.error = f"memory limit exceeded: the call's processes passed {lim.memory_bytes} bytes and were killed"
