@@ -602,12 +602,18 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
 class Sandbox:
     """Runs code for one episode in its workspace (``workspace_dir``, made or set 0700; a temporary one,
     removed by :meth:`close`, when None). Calls are serialised; files the code writes in the workspace
-    (the current directory, also ``/workspace``) persist between calls."""
+    (the current directory, also ``/workspace``) persist between calls.
+
+    ``zygote`` (default): the episode's bwrap sandbox is started at the first call and forks a fresh
+    process per call (``/tmp`` lives as long as the episode); False starts bwrap and an interpreter for
+    every call (~5x slower; nothing of the sandbox outlives a call). Without bwrap or a pids cgroup
+    (``unsafe``) every call is its own process anyway."""
 
     def __init__(self, workspace_dir: str | os.PathLike[str] | None = None, limits: SandboxLimits | None = None,
-                 unsafe: bool = False) -> None:
+                 unsafe: bool = False, zygote: bool = True) -> None:
         self.limits = limits or SandboxLimits()
         self.unsafe = unsafe
+        self.zygote = zygote
         self._own_workspace = workspace_dir is None
         if workspace_dir is None:
             workspace_dir = tempfile.mkdtemp(prefix="fhirgym-ws-")
@@ -721,7 +727,7 @@ class Sandbox:
         except ValueError as exc:
             raise TypeError(f"sandbox inputs must be JSON values: {exc}") from exc
         with self._lock:
-            if "bwrap" in layers and "cgroup-pids" in layers:
+            if self.zygote and "bwrap" in layers and "cgroup-pids" in layers:
                 return self._run_in_zygote(layers, payload)
             return self._run_process(layers, payload)
 
