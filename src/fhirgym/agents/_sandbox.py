@@ -638,6 +638,8 @@ class Sandbox:
             if self._zygote is not None:
                 self._zygote.close()
                 self._zygote = None
+            if self._finalizer is not None:
+                self._finalizer.detach()
         if self._own_workspace:
             shutil.rmtree(self.workspace, ignore_errors=True)
 
@@ -743,8 +745,10 @@ class Sandbox:
         if z is None or not z.alive() or z.layers != layers:
             if z is not None:
                 z.close()
+            if self._finalizer is not None:
+                self._finalizer.detach()
             z = self._zygote = _Zygote(self, layers)
-            self._finalizer = weakref.finalize(self, z.close)
+            self._finalizer = weakref.finalize(self, z.close)  # a sandbox dropped without close()
         call_id = f"fhirgym-sandbox-{os.getpid()}-{next(_call_ids)}"
         before = z.cgroup.stats()
         z.cgroup.reset_peak()
@@ -846,6 +850,7 @@ class _Zygote:
     def __init__(self, sandbox: Sandbox, layers: tuple[str, ...]) -> None:
         lim, p = sandbox.limits, sandbox_probe()
         self.layers = layers
+        self.closed = False
         self.infra: set[int] = set()
         self.cgroup = _Cgroup(f"fhirgym-sandbox-{os.getpid()}-{next(_call_ids)}", lim.pids + 8,
                               lim.memory_bytes + ZYGOTE_MEMORY, p.cgroup_pids,
@@ -905,6 +910,10 @@ class _Zygote:
             time.sleep(0.001)
 
     def close(self) -> None:
+        """Once only: after the reap, ``proc.pid`` may name another process group."""
+        if self.closed:
+            return
+        self.closed = True
         if getattr(self, "proc", None) is not None:
             _kill(self.proc)
         self.sock.close()
