@@ -217,6 +217,19 @@ def test_workspace_is_private_and_unsafe_mode_kills_forked_children(tmp_path: Pa
         assert _leftover_processes(r.call_id) == []  # the process group went
 
 
+def test_episodes_in_parallel_threads(tmp_path: Path):
+    """The runner runs episodes in threads: each sandbox keeps to its own workspace and answers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def episode(i: int) -> list[object]:
+        with Sandbox(tmp_path / f"ws-{i}", LIMITS) as sb:
+            return [sb.run(f"import os\nopen('mine', 'a').write('{i}')\nanswer = open('mine').read()").answer
+                    for _ in range(3)]
+
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(episode, range(4))) == [[str(i), str(i) * 2, str(i) * 3] for i in range(4)]
+
+
 def test_own_temporary_workspace_is_removed():
     with Sandbox(limits=LIMITS) as sb:
         assert sb.run("open('f', 'w').write('x')").ok

@@ -871,7 +871,7 @@ class _Zygote:
             if seccomp_fd is not None:
                 os.close(seccomp_fd)
         assert self.proc.stderr is not None
-        ready = select.select([self.sock], [], [], 30)[0] and self.sock.recv(16) == b"ready"
+        ready = _readable(self.sock.fileno(), 30) and self.sock.recv(16) == b"ready"
         if not ready:
             why = self.proc.stderr.read(4000).decode(errors="replace") if self.proc.poll() is not None else "timeout"
             self.close()
@@ -888,11 +888,11 @@ class _Zygote:
 
     def reported(self) -> bool:
         """True once the zygote has reported the call's exit status (or is gone)."""
-        return bool(select.select([self.sock], [], [], 0)[0])
+        return _readable(self.sock.fileno(), 0)
 
     def status(self, deadline: float) -> int | str | None:
         """The exit code of the call's process, "died" if the zygote is gone, None at the deadline."""
-        if not select.select([self.sock], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        if not _readable(self.sock.fileno(), max(0.0, deadline - time.monotonic())):
             return None
         try:
             msg = self.sock.recv(64)
@@ -918,6 +918,13 @@ class _Zygote:
             _kill(self.proc)
         self.sock.close()
         self.cgroup.remove()
+
+
+def _readable(fd: int, timeout_s: float) -> bool:
+    """poll(), not select(): a busy host may hold fds past select's limit of 1024."""
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    return bool(p.poll(timeout_s * 1000))
 
 
 def _pipes() -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
