@@ -1,24 +1,28 @@
-"""Code sandbox for the agents' ``python`` tool: one isolated process per call, in the episode's workspace.
+"""Code sandbox for the agents' ``python`` tool: a fresh process per call, in the episode's workspace.
 
-Why a process per call inside bubblewrap, not ``exec``: the model's code is untrusted. Each call runs a
-fresh interpreter (``python -I -S``) under layers that each stop a class of escape (docs/SANDBOX.md):
+Why processes inside bubblewrap, not ``exec``: the model's code is untrusted. Each call runs in a new
+process (``python -I -S`` running a small bootstrap) under layers that each stop a class of escape
+(docs/SANDBOX.md has the threat model):
 
 - **bubblewrap** (Debian's ``bubblewrap``; ``scripts/_sandbox.sh`` installs it): new user, pid, net,
   ipc, uts and cgroup namespaces, no nested user namespaces, env cleared, an empty root that only holds
   read-only binds of the system libraries and the interpreter with its stdlib (site-packages hidden),
   a private ``/tmp``, and the episode's workspace read-write at ``/workspace``. Nothing else of the host
-  (project tree, world files, other workspaces) exists inside; the network namespace has only a
+  (project tree, venv, world files, other workspaces) exists inside; the network namespace has only a
   down loopback, so even the local FHIR server is unreachable.
 - **seccomp** (``pyseccomp``, a ctypes binding of libseccomp): the BPF program is compiled once on the
   host and handed to bwrap (``--seccomp FD``), which loads it just before ``exec``; ``socket``,
   ``io_uring_setup`` (its ops can open sockets), ``ptrace`` and other kernel-surface calls fail with EPERM.
-- **cgroups** (v1 or v2, whichever holds the controller): a child cgroup per call under the host's own
-  with ``pids.max`` (fork bombs: RLIMIT_NPROC does nothing for root) and a memory limit (all processes of
-  the call, tmpfs included); removed after the call.
-- **rlimits**, set by the bootstrap before any user code (soft = hard, so code cannot raise them):
-  CPU time, address space, file size, open files, no core dumps.
-- **the host** kills the call (SIGKILL to bwrap; the pid namespace dies with it) at the wall-clock
-  deadline or once stdout + stderr pass the output cap, then kills whatever is left in the cgroup.
+- **cgroups** (v1 or v2, whichever holds the controller): child cgroups of the host's own with
+  ``pids.max`` (fork bombs: RLIMIT_NPROC does nothing for root) and a memory limit (tmpfs included).
+- **rlimits**, set in the call's process before any user code (soft = hard, so code cannot raise
+  them): CPU time, address space, file size, open files, no core dumps.
+- **the host** enforces the wall clock and the output cap, and SIGKILLs every process a call left.
+
+Starting bwrap and an interpreter was most of a call's cost, so by default (``zygote=True``) an episode
+starts its bwrap sandbox once, with a *zygote* interpreter inside that forks the process of each call;
+its cgroups last as long as the episode, and the host kills every process in them but the sandbox's own
+three after each call. ``zygote=False`` starts bwrap per call, with cgroups per call.
 
 Hand-written, with reasons: the bwrap argv (no maintained Python wrapper covers these options); the
 cgroup handling (the PyPI cgroup libraries are v1-only or unmaintained, and this needs ~40 lines); the
