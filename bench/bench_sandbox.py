@@ -2,13 +2,14 @@
 
     .venv/bin/python bench/bench_sandbox.py [-n 50]
 
-Per call (target ≤ 30 ms p50 for a trivial call): ``answer = 1``; the same with a 1 MB
-``retrieved_resources`` input (FHIR Observations); and, to show what each layer costs, the trivial call
-with fewer layers: the bootstrap in a plain process with rlimits only (what ``--unsafe-python`` falls back
-to), plus bubblewrap, plus seccomp, then everything (the cgroups). The floor is ``python -I -S -c pass``
-with no sandbox at all. Per episode: making a sandbox with its own workspace and closing it (workspace
-removed), the first call in a fresh workspace, and the one-off machine probe. Prints p50/p95 in ms and the
-load average, since the machine may be shared.
+Per call (target ≤ 30 ms p50 for a trivial call): ``answer = 1``, ``print``, and ``answer = 1`` with a
+1 MB ``retrieved_resources`` input (FHIR Observations), in the default mode (the episode's bwrap sandbox
+and zygote started once, a forked process per call); then the same trivial call with bwrap and an
+interpreter started per call (``zygote=False``), and as the ``--unsafe-python`` fallback would run it
+(a plain process with rlimits only). The floor is ``python -I -S -c pass`` with no sandbox at all, to read
+the figures against this machine's state. Per episode: making a sandbox with its own workspace, its
+first call (which starts bwrap and the zygote), and closing it. Prints p50/p95 in ms and the load average,
+since the machine may be shared.
 """
 
 from __future__ import annotations
@@ -67,50 +68,41 @@ def main() -> None:
           f"{p.missing or ''}")
     print(f"load average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores\n")
     exe, _ = _sandbox._interpreter()
+    limits = SandboxLimits()
+    res = _resources(1 << 20)
+    code = "answer = len(retrieved_resources['Observation'])"
     _row("floor: python -I -S -c pass (no sandbox)",
          _time_sync(lambda: subprocess.run([exe, "-I", "-S", "-c", "pass"], check=True), args.n, 3))
-    limits = SandboxLimits()
-    for layers, label in ((("rlimits",), "bootstrap + rlimits (the --unsafe-python fallback)"),
-                          (("bwrap", "rlimits"), "+ bubblewrap"),
-                          (("bwrap", "seccomp", "rlimits"), "+ seccomp")):
-        with _Layers(layers, limits=limits) as sb:
-            _row(f"answer = 1: {label}", _time_sync(lambda sb=sb: sb.run("answer = 1"), args.n, 3))
     with Sandbox(limits=limits) as sb:
-        _row("answer = 1: full sandbox (+ pids and memory cgroups)", _time_sync(lambda: sb.run("answer = 1"), args.n, 3))
-        _row("print('hello'), no answer: full sandbox", _time_sync(lambda: sb.run("print('hello')"), args.n, 3))
-        res = _resources(1 << 20)
-        size = len(orjson.dumps(res))
-        code = "answer = len(retrieved_resources['Observation'])"
+        _row("answer = 1 (zygote per episode: the default)", _time_sync(lambda: sb.run("answer = 1"), args.n, 3))
+        _row("print('hello'), no answer", _time_sync(lambda: sb.run("print('hello')"), args.n, 3))
         r = sb.run(code, {"retrieved_resources": res})
         assert r.ok and r.answer == len(res["Observation"]), r
-        _row(f"1 MB retrieved_resources ({size / 1e6:.2f} MB, {r.answer} Observations): full",
+        _row(f"1 MB retrieved_resources ({len(orjson.dumps(res)) / 1e6:.2f} MB, {r.answer} Observations)",
              _time_sync(lambda: sb.run(code, {"retrieved_resources": res}), args.n, 3))
+    with Sandbox(limits=limits, zygote=False) as sb:
+        _row("answer = 1, bwrap + interpreter per call (zygote=False)",
+             _time_sync(lambda: sb.run("answer = 1"), args.n, 3))
+    with _Layers(("rlimits",), limits=limits, unsafe=True) as sb:
+        _row("answer = 1, plain process + rlimits (--unsafe-python fallback)",
+             _time_sync(lambda: sb.run("answer = 1"), args.n, 3))
     print()
-    state: dict[str, Sandbox] = {}
-
-    def setup() -> None:
-        state["sb"] = Sandbox(limits=limits)
-
-    def teardown() -> None:
-        state["sb"].close()
-
-    def first_call() -> None:
-        with Sandbox(limits=limits) as sb:
-            sb.write_file("Observation.json", orjson.dumps(res["Observation"][:100]))
-            sb.run("import json\nanswer = len(json.load(open('Observation.json')))")
-
-    setups, teardowns = [], []
+    setups, firsts, teardowns = [], [], []
     for _ in range(args.n):
-        t = time.perf_counter()
-        setup()
-        setups.append((time.perf_counter() - t) * 1000)
-        state["sb"].run("open('scratch.txt', 'w').write('x' * 1000)")
-        t = time.perf_counter()
-        teardown()
-        teardowns.append((time.perf_counter() - t) * 1000)
+        t0 = time.perf_counter()
+        sb = Sandbox(limits=limits)
+        t1 = time.perf_counter()
+        sb.write_file("Observation.json", orjson.dumps(res["Observation"][:100]))
+        sb.run("import json\nanswer = len(json.load(open('Observation.json')))")
+        t2 = time.perf_counter()
+        sb.close()
+        t3 = time.perf_counter()
+        setups.append((t1 - t0) * 1000)
+        firsts.append((t2 - t1) * 1000)
+        teardowns.append((t3 - t2) * 1000)
     _row("episode setup: Sandbox() with its own workspace", setups)
-    _row("episode teardown: close() (workspace with a file removed)", teardowns)
-    _row("episode: setup + write an input file + first call + teardown", _time_sync(first_call, args.n, 3))
+    _row("episode's first call: starts bwrap + zygote (input file, json)", firsts)
+    _row("episode teardown: close() (zygote, cgroups, workspace)", teardowns)
     print(f"\npython {sys.version.split()[0]}, bwrap {p.bwrap}, cgroups pids={p.cgroup_pids} "
           f"memory={p.cgroup_memory}")
 

@@ -1,24 +1,28 @@
-"""Code sandbox for the agents' ``python`` tool: one isolated process per call, in the episode's workspace.
+"""Code sandbox for the agents' ``python`` tool: a fresh process per call, in the episode's workspace.
 
-Why a process per call inside bubblewrap, not ``exec``: the model's code is untrusted. Each call runs a
-fresh interpreter (``python -I -S``) under layers that each stop a class of escape (docs/SANDBOX.md):
+Why processes inside bubblewrap, not ``exec``: the model's code is untrusted. Each call runs in a new
+process (``python -I -S`` running a small bootstrap) under layers that each stop a class of escape
+(docs/SANDBOX.md has the threat model):
 
 - **bubblewrap** (Debian's ``bubblewrap``; ``scripts/_sandbox.sh`` installs it): new user, pid, net,
   ipc, uts and cgroup namespaces, no nested user namespaces, env cleared, an empty root that only holds
   read-only binds of the system libraries and the interpreter with its stdlib (site-packages hidden),
   a private ``/tmp``, and the episode's workspace read-write at ``/workspace``. Nothing else of the host
-  (project tree, world files, other workspaces) exists inside; the network namespace has only a
+  (project tree, venv, world files, other workspaces) exists inside; the network namespace has only a
   down loopback, so even the local FHIR server is unreachable.
 - **seccomp** (``pyseccomp``, a ctypes binding of libseccomp): the BPF program is compiled once on the
   host and handed to bwrap (``--seccomp FD``), which loads it just before ``exec``; ``socket``,
   ``io_uring_setup`` (its ops can open sockets), ``ptrace`` and other kernel-surface calls fail with EPERM.
-- **cgroups** (v1 or v2, whichever holds the controller): a child cgroup per call under the host's own
-  with ``pids.max`` (fork bombs: RLIMIT_NPROC does nothing for root) and a memory limit (all processes of
-  the call, tmpfs included); removed after the call.
-- **rlimits**, set by the bootstrap before any user code (soft = hard, so code cannot raise them):
-  CPU time, address space, file size, open files, no core dumps.
-- **the host** kills the call (SIGKILL to bwrap; the pid namespace dies with it) at the wall-clock
-  deadline or once stdout + stderr pass the output cap, then kills whatever is left in the cgroup.
+- **cgroups** (v1 or v2, whichever holds the controller): child cgroups of the host's own with
+  ``pids.max`` (fork bombs: RLIMIT_NPROC does nothing for root) and a memory limit (tmpfs included).
+- **rlimits**, set in the call's process before any user code (soft = hard, so code cannot raise
+  them): CPU time, address space, file size, open files, no core dumps.
+- **the host** enforces the wall clock and the output cap, and SIGKILLs every process a call left.
+
+Starting bwrap and an interpreter was most of a call's cost, so by default (``zygote=True``) an episode
+starts its bwrap sandbox once, with a *zygote* interpreter inside that forks the process of each call;
+its cgroups last as long as the episode, and the host kills every process in them but the sandbox's own
+three after each call. ``zygote=False`` starts bwrap per call, with cgroups per call.
 
 Hand-written, with reasons: the bwrap argv (no maintained Python wrapper covers these options); the
 cgroup handling (the PyPI cgroup libraries are v1-only or unmaintained, and this needs ~40 lines); the
@@ -40,16 +44,19 @@ import json
 import marshal
 import os
 import py_compile
+import select
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -163,19 +170,15 @@ class SandboxProbe:
 _BOOT = r"""# fhirgym-sandbox-boot
 import _signal, marshal, os, resource, sys
 from _json import encode_basestring_ascii as _esc
-cpu, aspace, fsize, nofile, rfd = (int(a) for a in sys.argv[1:6])
-for r, v in ((resource.RLIMIT_CORE, 0), (resource.RLIMIT_FSIZE, fsize), (resource.RLIMIT_NOFILE, nofile),
-             (resource.RLIMIT_AS, aspace), (resource.RLIMIT_CPU, cpu)):
-    resource.setrlimit(r, (v, v + 1 if r == resource.RLIMIT_CPU else v))
 class CPUTimeLimitExceeded(BaseException):
     pass
-def _xcpu(signum, frame):
-    raise CPUTimeLimitExceeded(f"CPU time limit of {cpu} s exceeded")
-_signal.signal(_signal.SIGXCPU, _xcpu)
-payload = marshal.loads(sys.stdin.buffer.read())
-null = os.open(os.devnull, os.O_RDONLY)
-os.dup2(null, 0)
-os.close(null)
+def _limits(cpu, aspace, fsize, nofile):
+    for r, v in ((resource.RLIMIT_CORE, 0), (resource.RLIMIT_FSIZE, fsize), (resource.RLIMIT_NOFILE, nofile),
+                 (resource.RLIMIT_AS, aspace), (resource.RLIMIT_CPU, cpu)):
+        resource.setrlimit(r, (v, v + 1 if r == resource.RLIMIT_CPU else v))
+    def _xcpu(signum, frame):
+        raise CPUTimeLimitExceeded(f"CPU time limit of {cpu} s exceeded")
+    _signal.signal(_signal.SIGXCPU, _xcpu)
 def _jsonable(v):
     if isinstance(v, (set, frozenset)):
         try:
@@ -222,7 +225,11 @@ def _error(exc):
     for t in (te, *(c for c in (te.__cause__, te.__context__) if c)):
         t.stack = traceback.StackSummary.from_list([f for f in t.stack if f.filename != "<fhirgym-boot>"])
     return "".join(te.format())
-def _run():
+def _run(rfd):
+    payload = marshal.loads(sys.stdin.buffer.read())
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
     ns = {"__name__": "__main__", "__builtins__": __builtins__, "answer": None, **payload["inputs"]}
     main, error = os.getpid(), None
     try:
@@ -254,7 +261,48 @@ def _run():
         f.write(f'{{"error":{"null" if error is None else _esc(error)},"answer_repr":{str(is_repr).lower()},'
                 f'"answer":{text}}}')
     os._exit(0)
-_run()
+def _zygote(ctl_fd):
+    # One per episode: forks a child per call, so a call skips bwrap's and the interpreter's start-up.
+    # Not dumpable: the calls' processes (same uid) cannot open its /proc files (memory, fds).
+    import ctypes, socket
+    prctl = ctypes.CDLL(None).prctl
+    prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+    ctl = socket.socket(fileno=ctl_fd)
+    ctl.send(b"ready")
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(ctl, 4096, 4)
+        except OSError:
+            os._exit(0)
+        if not msg or len(fds) != 4:
+            os._exit(0)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                ctl.close()
+                os.setsid()
+                for i, f in enumerate(fds):
+                    os.dup2(f, 100 + i)
+                for f in fds:
+                    if not 100 <= f < 104:
+                        os.close(f)
+                for i in range(4):
+                    os.dup2(100 + i, i)
+                    os.close(100 + i)
+                prctl(4, 1, 0, 0, 0)
+                _limits(*marshal.loads(msg)[:4])
+                _run(3)
+            finally:
+                os._exit(70)
+        for f in fds:
+            os.close(f)
+        _, status = os.waitpid(pid, 0)
+        ctl.send(marshal.dumps(os.waitstatus_to_exitcode(status)))
+if sys.argv[1] == "zygote":
+    _zygote(int(sys.argv[2]))
+else:
+    _limits(*(int(a) for a in sys.argv[2:6]))
+    _run(int(sys.argv[6]))
 """
 
 
@@ -459,24 +507,41 @@ def sandbox_available() -> bool:
 class _Cgroup:
     """A child cgroup per controller for one call: made before, emptied and removed after."""
 
-    def __init__(self, name: str, limits: SandboxLimits, pids_parent: str | None, memory_parent: str | None):
+    def __init__(self, name: str, pids: int, memory_bytes: int, pids_parent: str | None,
+                 memory_parent: str | None):
         self.dirs: dict[str, str] = {}
         try:
             if pids_parent:
-                d = self.dirs["pids"] = self.make_dir(pids_parent, name)
-                Path(d, "pids.max").write_text(str(limits.pids))
+                self.dirs["pids"] = self.make_dir(pids_parent, name)
+                self.set_pids(pids)
             if memory_parent:
                 d = self.dirs["memory"] = self.make_dir(memory_parent, name)
                 if os.path.exists(os.path.join(d, "memory.max")):  # v2
-                    Path(d, "memory.max").write_text(str(limits.memory_bytes))
+                    Path(d, "memory.max").write_text(str(memory_bytes))
                     Path(d, "memory.swap.max").write_text("0") if os.path.exists(f"{d}/memory.swap.max") else None
                 else:
-                    Path(d, "memory.limit_in_bytes").write_text(str(limits.memory_bytes))
+                    Path(d, "memory.limit_in_bytes").write_text(str(memory_bytes))
                     if os.path.exists(f"{d}/memory.memsw.limit_in_bytes"):
-                        Path(d, "memory.memsw.limit_in_bytes").write_text(str(limits.memory_bytes))
+                        Path(d, "memory.memsw.limit_in_bytes").write_text(str(memory_bytes))
         except OSError:
             self.remove()
             raise
+
+    def set_pids(self, pids: int) -> None:
+        Path(self.dirs["pids"], "pids.max").write_text(str(pids))
+
+    def pids(self) -> set[int]:
+        """The processes in the cgroup now (the pids hierarchy, else the memory one)."""
+        for d in self.dirs.values():
+            try:
+                return {int(p) for p in Path(d, "cgroup.procs").read_text().split()}
+            except OSError:
+                continue
+        return set()
+
+    def reset_peak(self) -> None:
+        with contextlib.suppress(KeyError, OSError):  # v1 only; v2's memory.peak covers the cgroup's life
+            Path(self.dirs["memory"], "memory.max_usage_in_bytes").write_text("0")
 
     @staticmethod
     def make_dir(parent: str, name: str) -> str:
@@ -541,20 +606,31 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
 
 
 class Sandbox:
-    """Runs code for one episode in its workspace (``workspace_dir``, made 0700 if missing; a temporary one,
+    """Runs code for one episode in its workspace (``workspace_dir``, made or set 0700; a temporary one,
     removed by :meth:`close`, when None). Calls are serialised; files the code writes in the workspace
-    (the current directory, also ``/workspace``) persist between calls."""
+    (the current directory, also ``/workspace``) persist between calls.
+
+    ``zygote`` (default): the episode's bwrap sandbox is started at the first call and forks a fresh
+    process per call (``/tmp`` lives as long as the episode); False starts bwrap and an interpreter for
+    every call (~5x slower; nothing of the sandbox outlives a call). Without bwrap or a pids cgroup
+    (``unsafe``) every call is its own process anyway."""
 
     def __init__(self, workspace_dir: str | os.PathLike[str] | None = None, limits: SandboxLimits | None = None,
-                 unsafe: bool = False) -> None:
+                 unsafe: bool = False, zygote: bool = True) -> None:
         self.limits = limits or SandboxLimits()
         self.unsafe = unsafe
+        self.zygote = zygote
         self._own_workspace = workspace_dir is None
         if workspace_dir is None:
             workspace_dir = tempfile.mkdtemp(prefix="fhirgym-ws-")
         self.workspace = Path(workspace_dir).resolve()
         self.workspace.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # Files the code makes are owned by the host user (uid 65534 inside maps to it) and may carry a
+        # setuid bit: only the owner may enter the workspace.
+        os.chmod(self.workspace, 0o700)
         self._lock = threading.Lock()
+        self._zygote: _Zygote | None = None
+        self._finalizer: weakref.finalize | None = None
 
     def __enter__(self) -> Sandbox:
         return self
@@ -563,7 +639,13 @@ class Sandbox:
         self.close()
 
     def close(self) -> None:
-        """Remove the workspace if the sandbox made it."""
+        """Stop the episode's sandbox process; remove the workspace if the sandbox made it."""
+        with self._lock:
+            if self._zygote is not None:
+                self._zygote.close()
+                self._zygote = None
+            if self._finalizer is not None:
+                self._finalizer.detach()
         if self._own_workspace:
             shutil.rmtree(self.workspace, ignore_errors=True)
 
@@ -626,13 +708,11 @@ class Sandbox:
                 "rlimits": True}
         return tuple(k for k in PROTECTIONS if have[k])
 
-    def _argv(self, layers: tuple[str, ...], call_id: str, result_fd: int, seccomp_fd: int | None) -> list[str]:
+    def _argv(self, layers: tuple[str, ...], seccomp_fd: int | None, boot_args: list[str]) -> list[str]:
+        """The interpreter running the bootstrap with ``boot_args``, inside bwrap when it is a layer."""
         lim = self.limits
         exe, _ = _interpreter()
-        boot = _boot_pyc()
-        py = [exe, "-I", "-S", "-B", "-X", "utf8", BOOT_PATH if "bwrap" in layers else boot, str(lim.cpu_s),
-              str(lim.address_space_bytes or lim.memory_bytes), str(lim.file_bytes), str(lim.open_files),
-              str(result_fd), call_id]
+        py = [exe, "-I", "-S", "-B", "-X", "utf8", *boot_args]
         if "bwrap" not in layers:
             return py
         argv = [sandbox_probe().bwrap or "bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
@@ -641,7 +721,7 @@ class Sandbox:
                 "--setenv", "TMPDIR", "/tmp", *_system_binds(), *_python_binds(),
                 "--proc", "/proc", "--dev", "/dev", "--size", str(lim.tmp_bytes), "--tmpfs", "/dev/shm",
                 "--size", str(lim.tmp_bytes), "--tmpfs", "/tmp",
-                "--ro-bind", boot, BOOT_PATH,
+                "--ro-bind", _boot_pyc(), BOOT_PATH,
                 "--bind", str(self.workspace), WORKSPACE, "--chdir", WORKSPACE, "--remount-ro", "/"]
         if seccomp_fd is not None:
             argv += ["--seccomp", str(seccomp_fd)]
@@ -660,118 +740,301 @@ class Sandbox:
         except ValueError as exc:
             raise TypeError(f"sandbox inputs must be JSON values: {exc}") from exc
         with self._lock:
-            return self._run(layers, payload, tuple(pass_fds))
+            # inherited fds keep their numbers only in a process of its own (a zygote's fork would get new ones)
+            if self.zygote and not pass_fds and "bwrap" in layers and "cgroup-pids" in layers:
+                return self._run_in_zygote(layers, payload)
+            return self._run_process(layers, payload, tuple(pass_fds))
 
-    def _run(self, layers: tuple[str, ...], payload: bytes, extra_fds: tuple[int, ...] = ()) -> SandboxResult:
+    def processes(self) -> list[int]:
+        """Host pids of processes the calls left running: always empty between calls."""
+        z = self._zygote
+        return sorted(z.cgroup.pids() - z.infra) if z is not None and z.alive() else []
+
+    def _run_in_zygote(self, layers: tuple[str, ...], payload: bytes) -> SandboxResult:
+        """A call forked by the episode's zygote (started at the first call, restarted if it died)."""
+        lim = self.limits
+        z = self._zygote
+        if z is None or not z.alive() or z.layers != layers:
+            if z is not None:
+                z.close()
+            if self._finalizer is not None:
+                self._finalizer.detach()
+            z = self._zygote = _Zygote(self, layers)
+            self._finalizer = weakref.finalize(self, z.close)  # a sandbox dropped without close()
+        call_id = f"fhirgym-sandbox-{os.getpid()}-{next(_call_ids)}"
+        before = z.cgroup.stats()
+        z.cgroup.reset_peak()
+        child, host = _pipes()
+        header = marshal.dumps((lim.cpu_s, lim.address_space_bytes or lim.memory_bytes, lim.file_bytes,
+                                lim.open_files, call_id))
+        start = time.monotonic()
+        deadline = start + lim.wall_s
+        rc: int | str | None = None
+        try:
+            try:
+                socket.send_fds(z.sock, [header], list(child))
+            finally:
+                for fd in child:
+                    os.close(fd)
+            out, err, res, reason = _pump(host, payload, deadline, lim.output_bytes, z.reported)
+            if reason is None:
+                rc = z.status(deadline)
+                reason = "wall" if rc is None else None
+        except OSError:  # the zygote is gone (the code killed it): the next call starts another
+            out, err, res, reason, rc = b"", b"", b"", None, "died"
+        finally:
+            for fd in host:
+                os.close(fd)
+            z.kill_calls()
+            if rc is None:
+                rc = z.status(time.monotonic() + 5)
+        after = z.cgroup.stats()
+        stats = {k: after[k] - before[k] for k in ("pids_max_hits", "oom_kills")} | {"peak": after["peak"]}
+        if rc == "died" or not z.alive():
+            z.close()
+            self._zygote = None
+            rc = None
+            if reason is None and not res:
+                reason = "died"
+        return _result(lim, rc if isinstance(rc, int) else None, out, err, res, reason, stats,
+                       time.monotonic() - start, layers, call_id)
+
+    def _run_process(self, layers: tuple[str, ...], payload: bytes, extra_fds: tuple[int, ...] = ()) -> SandboxResult:
+        """A call in a process of its own: bwrap (if any) and a fresh interpreter, cgroups made for it."""
         lim = self.limits
         call_id = f"fhirgym-sandbox-{os.getpid()}-{next(_call_ids)}"
         p = sandbox_probe()
-        cgroup = _Cgroup(call_id, lim, p.cgroup_pids if "cgroup-pids" in layers else None,
+        cgroup = _Cgroup(call_id, lim.pids, lim.memory_bytes, p.cgroup_pids if "cgroup-pids" in layers else None,
                          p.cgroup_memory if "cgroup-memory" in layers else None)
-        result_r, result_w = os.pipe()
-        fds = [result_w, *extra_fds]
-        seccomp_fd = None
-        if "seccomp" in layers:
-            seccomp_fd, sw = os.pipe()
-            os.write(sw, _seccomp_program())
-            os.close(sw)
-            fds.append(seccomp_fd)
-        argv = self._argv(layers, call_id, result_w, seccomp_fd)
-        if cgroup.dirs:  # join the cgroups before bwrap starts, so every process of the call is inside
-            argv = ["/bin/sh", "-c", 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; '
-                    'shift; exec "$@"', "sh", *cgroup.procs_files(), "--", *argv]
+        child, host = _pipes()
+        seccomp_fd = _seccomp_fd() if "seccomp" in layers else None
+        py = [BOOT_PATH if "bwrap" in layers else _boot_pyc(), "call", str(lim.cpu_s),
+              str(lim.address_space_bytes or lim.memory_bytes), str(lim.file_bytes), str(lim.open_files),
+              str(child[3]), call_id]
+        argv = _join_cgroups(cgroup, self._argv(layers, seccomp_fd, py))
         env = None if "bwrap" in layers else {"LANG": "C.UTF-8", "HOME": str(self.workspace),
                                               "TMPDIR": tempfile.gettempdir()}
         start = time.monotonic()
+        deadline = start + lim.wall_s
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    pass_fds=fds, cwd=self.workspace, env=env, start_new_session=True)
+            proc = subprocess.Popen(argv, stdin=child[0], stdout=child[1], stderr=child[2],
+                                    pass_fds=[child[3], *extra_fds] + ([seccomp_fd] if seccomp_fd is not None else []),
+                                    cwd=self.workspace, env=env, start_new_session=True)
         except BaseException:
-            for fd in (result_r, *fds):
+            for fd in host:
                 os.close(fd)
             cgroup.remove()
             raise
-        for fd in fds:
-            os.close(fd)
-        try:
-            out, err, res, reason = _pump(proc, payload, result_r, start + lim.wall_s, lim.output_bytes)
         finally:
-            os.close(result_r)
+            for fd in (*child, *extra_fds, *([seccomp_fd] if seccomp_fd is not None else [])):
+                os.close(fd)
+        try:
+            out, err, res, reason = _pump(host, payload, deadline, lim.output_bytes, lambda: proc.poll() is not None)
+            if reason is None:
+                try:
+                    proc.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    reason = "wall"
+        finally:
+            for fd in host:
+                os.close(fd)
             _kill(proc)
             stats = cgroup.stats()
             cgroup.remove()
-        return _result(self.limits, proc.returncode, out, err, res, reason, stats,
-                       time.monotonic() - start, layers, call_id)
+        return _result(lim, proc.returncode, out, err, res, reason, stats, time.monotonic() - start, layers, call_id)
+
+
+#: Memory the episode's cgroup allows on top of ``memory_bytes`` for the zygote, bwrap and its init
+#: (measured: ~5 MiB).
+ZYGOTE_MEMORY = 16 << 20
+
+
+class _Zygote:
+    """The episode's sandbox: one bwrap with an interpreter (the zygote) that forks a child per call.
+
+    Why: starting bwrap and an interpreter is most of a call's cost (~10-20 ms each here, much more on a
+    loaded machine). The zygote never runs the code itself; each child gets the call's pipes (passed
+    over a socketpair made outside the sandbox), sets the rlimits and runs the bootstrap. The host kills
+    every process of the episode's cgroups but the three of the sandbox (bwrap, its init, the zygote)
+    after each call, at the deadline and past the output cap, so nothing a call starts outlives it.
+    """
+
+    def __init__(self, sandbox: Sandbox, layers: tuple[str, ...]) -> None:
+        lim, p = sandbox.limits, sandbox_probe()
+        self.layers = layers
+        self.closed = False
+        self.infra: set[int] = set()
+        self.cgroup = _Cgroup(f"fhirgym-sandbox-{os.getpid()}-{next(_call_ids)}", lim.pids + 8,
+                              lim.memory_bytes + ZYGOTE_MEMORY, p.cgroup_pids,
+                              p.cgroup_memory if "cgroup-memory" in layers else None)
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        seccomp_fd = _seccomp_fd() if "seccomp" in layers else None
+        argv = _join_cgroups(self.cgroup, sandbox._argv(layers, seccomp_fd, [BOOT_PATH, "zygote", str(theirs.fileno())]))
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.PIPE, cwd=sandbox.workspace, start_new_session=True,
+                                         pass_fds=[theirs.fileno()] + ([seccomp_fd] if seccomp_fd is not None else []))
+        except BaseException:
+            self.sock.close()
+            self.cgroup.remove()
+            raise
+        finally:
+            theirs.close()
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
+        assert self.proc.stderr is not None
+        ready = _readable(self.sock.fileno(), 30) and self.sock.recv(16) == b"ready"
+        if not ready:
+            why = self.proc.stderr.read(4000).decode(errors="replace") if self.proc.poll() is not None else "timeout"
+            self.close()
+            raise SandboxUnavailable(f"python sandbox did not start: {why.strip()}")
+        self.proc.stderr.close()
+        self.infra = self.cgroup.pids()  # bwrap, its init and the zygote: nothing else runs yet
+        self.cgroup.set_pids(lim.pids + len(self.infra))
+        for pid in self.infra:  # the OOM killer must pick the call's processes, never the sandbox's own
+            with contextlib.suppress(OSError):
+                Path(f"/proc/{pid}/oom_score_adj").write_text("-1000")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def reported(self) -> bool:
+        """True once the zygote has reported the call's exit status (or is gone)."""
+        return _readable(self.sock.fileno(), 0)
+
+    def status(self, deadline: float) -> int | str | None:
+        """The exit code of the call's process, "died" if the zygote is gone, None at the deadline."""
+        if not _readable(self.sock.fileno(), max(0.0, deadline - time.monotonic())):
+            return None
+        try:
+            msg = self.sock.recv(64)
+        except OSError:
+            return "died"
+        return marshal.loads(msg) if msg else "died"
+
+    def kill_calls(self, timeout_s: float = 5.0) -> None:
+        """SIGKILL every process of the cgroup but the sandbox's own, until none is left."""
+        end = time.monotonic() + timeout_s
+        while (others := self.cgroup.pids() - self.infra) and time.monotonic() < end:
+            for pid in others:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.001)
+
+    def close(self) -> None:
+        """Once only: after the reap, ``proc.pid`` may name another process group."""
+        if self.closed:
+            return
+        self.closed = True
+        if getattr(self, "proc", None) is not None:
+            _kill(self.proc)
+        self.sock.close()
+        self.cgroup.remove()
+
+
+def _readable(fd: int, timeout_s: float) -> bool:
+    """poll(), not select(): a busy host may hold fds past select's limit of 1024."""
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    return bool(p.poll(timeout_s * 1000))
+
+
+def _pipes() -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
+    """The call's pipes: (stdin, stdout, stderr, result) ends for the child, and the host's ends."""
+    (a, b), (c, d), (e, f), (g, h) = os.pipe(), os.pipe(), os.pipe(), os.pipe()
+    return (a, d, f, h), (b, c, e, g)
+
+
+def _seccomp_fd() -> int:
+    """A pipe holding the compiled filter, for bwrap's ``--seccomp FD``."""
+    r, w = os.pipe()
+    os.write(w, _seccomp_program())
+    os.close(w)
+    return r
+
+
+def _join_cgroups(cgroup: _Cgroup, argv: list[str]) -> list[str]:
+    """Prefix ``argv`` with a shell that joins the cgroups, so every process it starts is inside."""
+    if not cgroup.dirs:
+        return argv
+    return ["/bin/sh", "-c", 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"',
+            "sh", *cgroup.procs_files(), "--", *argv]
 
 
 def _kill(proc: subprocess.Popen) -> None:
-    """SIGKILL the call's process group (bwrap: its pid namespace dies with it) and reap it."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+    """SIGKILL the call's process group, even after its leader exited (without bwrap, processes the code
+    forked are still in it; with bwrap, the pid namespace dies with bwrap), then reap the leader."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     for f in (proc.stdin, proc.stdout, proc.stderr):
         if f is not None:
             f.close()
 
 
-def _pump(proc: subprocess.Popen, payload: bytes, result_fd: int, deadline: float,
-          cap: int) -> tuple[bytes, bytes, bytes, str | None]:
-    """Feed stdin, read stdout/stderr/result until EOF, the deadline ("wall") or a cap ("output", "answer")."""
-    assert proc.stdin and proc.stdout and proc.stderr
-    bufs: dict[int, bytearray] = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray(),
-                                  result_fd: bytearray()}
+def _pump(host: tuple[int, int, int, int], payload: bytes, deadline: float, cap: int,
+          leader_gone: Callable[[], bool]) -> tuple[bytes, bytes, bytes, str | None]:
+    """Feed stdin, read stdout/stderr/result until EOF or the leader's exit (processes the code forked
+    may hold the pipes open), the deadline ("wall") or a cap ("output", "answer"). The caller closes the
+    ``host`` fds."""
+    win, out, err, res = host
+    bufs: dict[int, bytearray] = {out: bytearray(), err: bytearray(), res: bytearray()}
     sel = selectors.DefaultSelector()
     for fd in bufs:
         os.set_blocking(fd, False)
         sel.register(fd, selectors.EVENT_READ)
-    win = proc.stdin.fileno()
     os.set_blocking(win, False)
     sel.register(win, selectors.EVENT_WRITE)
-    view, sent, reason = memoryview(payload), 0, None
+    view, sent = memoryview(payload), 0
+
+    def done(reason: str | None) -> tuple[bytes, bytes, bytes, str | None]:
+        return bytes(bufs[out]), bytes(bufs[err]), bytes(bufs[res]), reason
+
+    def read(fd: int) -> str | None:
+        """Read what is there; unregister at EOF; name the cap that was passed, if one was."""
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                return None
+            if not chunk:
+                sel.unregister(fd)
+                return None
+            bufs[fd] += chunk
+            if len(bufs[res]) > cap:
+                return "answer"
+            if len(bufs[out]) + len(bufs[err]) > cap:
+                return "output"
+
     try:
-        while sel.get_map():
+        while any(fd in bufs for fd in sel.get_map()):
             left = deadline - time.monotonic()
             if left <= 0:
-                reason = "wall"
-                break
-            for key, _ in sel.select(left):
-                fd = key.fd
-                if fd == win:
+                return done("wall")
+            events = sel.select(min(left, 0.05))
+            for key, _ in events:
+                if key.fd == win:
                     try:
-                        sent += os.write(fd, view[sent:sent + 65536])
-                    except (BrokenPipeError, BlockingIOError) as exc:
-                        if isinstance(exc, BlockingIOError):
-                            continue
+                        sent += os.write(win, view[sent:sent + 65536])
+                    except BlockingIOError:
+                        continue
+                    except BrokenPipeError:
                         sent = len(view)
                     if sent >= len(view):
-                        sel.unregister(fd)
-                        proc.stdin.close()
-                    continue
-                try:
-                    chunk = os.read(fd, 65536)
-                except BlockingIOError:
-                    continue
-                if not chunk:
-                    sel.unregister(fd)
-                    continue
-                bufs[fd] += chunk
-                if len(bufs[result_fd]) > cap:
-                    reason = "answer"
-                elif len(bufs[proc.stdout.fileno()]) + len(bufs[proc.stderr.fileno()]) > cap:
-                    reason = "output"
-                if reason:
-                    break
-            if reason:
+                        sel.unregister(win)
+                        null = os.open(os.devnull, os.O_WRONLY)  # EOF for the child; ``win`` stays open for
+                        os.dup2(null, win)  # the caller, who closes every host fd exactly once
+                        os.close(null)
+                elif reason := read(key.fd):
+                    return done(reason)
+            if not events and leader_gone():  # take what is left, stop
+                for fd in [fd for fd in sel.get_map() if fd in bufs]:
+                    if reason := read(fd):
+                        return done(reason)
                 break
-        if reason is None:
-            try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                reason = "wall"
+        return done(None)
     finally:
         sel.close()
-    return bytes(bufs[proc.stdout.fileno()]), bytes(bufs[proc.stderr.fileno()]), bytes(bufs[result_fd]), reason
 
 
 def _result(lim: SandboxLimits, rc: int | None, out: bytes, err: bytes, res: bytes, reason: str | None,
@@ -804,6 +1067,8 @@ def _result(lim: SandboxLimits, rc: int | None, out: bytes, err: bytes, res: byt
     elif reason == "answer":
         r.limit = "output"
         r.error = f"output limit exceeded: the answer (or traceback) is over {lim.output_bytes} bytes; killed"
+    elif reason == "died":
+        r.error = "the sandbox's process died during the call (the next call starts a new one)"
     elif stats["oom_kills"]:
         r.limit = "memory"
         r.error = f"memory limit exceeded: the call's processes passed {lim.memory_bytes} bytes and were killed"
