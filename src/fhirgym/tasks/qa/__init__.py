@@ -20,7 +20,15 @@ from ._generate import (
     read_questions,
     write_questions,
 )
-from ._score import Match, final_answer, match_answer, retrieval_scores, says_no_answer, score_answer
+from ._score import (
+    Match,
+    final_answer,
+    match_answer,
+    reference_reply,
+    retrieval_scores,
+    says_no_answer,
+    score_answer,
+)
 from ._templates import SHAPES, TEMPLATES, Template
 
 __all__ = [
@@ -40,6 +48,7 @@ __all__ = [
     "match_answer",
     "read_facts",
     "read_questions",
+    "reference_reply",
     "retrieval_scores",
     "says_no_answer",
     "score_answer",

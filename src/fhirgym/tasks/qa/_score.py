@@ -33,15 +33,17 @@ _MARKER = re.compile(r"final answer\s*(?:is)?\s*[:：]", re.I)
 _TAG = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
 _DATETIME = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?")
 _DATEISH = re.compile(r"\b\d{4}-\d{2}-\d{2}(?:[ T]\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?|"
-                      r"\b\d{4}-\d{2}\b|\b\d{1,2}/\d{4}\b|\b(?:19|20)\d{2}\b(?![.,]\d)")
+                      r"\b\d{4}-\d{2}\b|\b\d{1,2}/\d{4}\b|(?<![\d.,])(?:19|20)\d{2}(?=\s*:)")
+#: a year after a preposition ("since 2019"); "2000 mg" stays a number
+_YEAR = re.compile(r"\b(in|to|of|since|from|year|during|until|after|before)\s+(?:19|20)\d{2}\b", re.I)
 _NUMBER = re.compile(r"[-+−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+−]?\.\d+")
 _UNIT_AFTER = re.compile(r"\s*([a-zA-Z]+)")
 _YESNO = re.compile(r"\b(yes|no|true|false)\b", re.I)
 _NO_ANSWER = re.compile(
-    r"^(?:no answer|none|null|nil|n/?a|unknown|not found|nothing found|no (?:such |matching |relevant )?"
-    r"(?:records?|data|results?|information|matches|values?|measurements?|events?|visits?)(?: found)?|"
-    r"not available|cannot be determined|can ?not be answered|there (?:is|are|were|was) no\b.*|"
-    r"no (?:current|such)\b.*)\b", re.I)
+    r"^(?:(?:none|null|nil|n/?a|unknown|not found|nothing found|not available)$|no answer\b|"
+    r"no (?:such |matching |relevant )?(?:records?|data|results?|information|matches|values?|measurements?|"
+    r"events?|visits?)\b|there (?:is|are|was|were) no\b|cannot be determined|can ?not be answered|no (?:current|such)\b)",
+    re.I)
 #: unit word -> (dimension, factor to the base unit of that dimension)
 UNITS = {"second": ("time", 1 / 3600), "seconds": ("time", 1 / 3600), "minute": ("time", 1 / 60),
          "minutes": ("time", 1 / 60), "min": ("time", 1 / 60), "mins": ("time", 1 / 60), "hour": ("time", 1.0),
@@ -85,7 +87,7 @@ def _datetimes(text: str) -> list[datetime]:
 
 def _numbers(text: str) -> list[tuple[float, str | None]]:
     """(number, the unit word written after it) for each number, dates and years removed."""
-    text = _DATEISH.sub(" ", text)
+    text = _YEAR.sub(r"\1 ", _DATEISH.sub(" ", text))
     out = []
     for m in _NUMBER.finditer(text):
         unit = _UNIT_AFTER.match(text, m.end())
@@ -156,6 +158,22 @@ def score_answer(question, reply: str | None) -> Match:
     """Match a reply against a :class:`QaQuestion`."""
     return match_answer(question.shape, question.answer, reply, unit=question.unit, tolerance=question.tolerance,
                         no_answer=question.no_answer)
+
+
+def reference_reply(question) -> str:
+    """The reply an agent that knows the gold would give (a reference agent's final text)."""
+    gold, shape = question.answer, question.shape
+    if gold is None:
+        body = "no answer"
+    elif shape == "yesno":
+        body = "Yes" if gold else "No"
+    elif isinstance(gold, list):
+        body = ", ".join(f"{g:g}" if isinstance(g, float) else str(g) for g in gold)
+    elif isinstance(gold, float | int):
+        body = f"{gold:g}" + (f" {question.unit}" if question.unit in UNITS else "")
+    else:
+        body = str(gold)
+    return f"The final answer is: {body}"
 
 
 def retrieval_scores(gold_ids: Mapping[str, Iterable[str]],
