@@ -46,6 +46,7 @@ EMPTY_SHARE = 0.24
 DRAWS = 16  # parameter draws per question before settling
 #: Absolute tolerance per answer shape (numbers also get 0.5 % of the gold value); elapsed time and
 #: lengths of stay accept whole units, as FHIR-AgentBench's judge rounds them.
+NUMERIC = ("value", "sum", "difference", "aggregate", "grouped", "elapsed", "duration")
 TOLERANCE = {"value": 0.05, "sum": 0.05, "difference": 0.05, "aggregate": 0.05, "grouped": 0.05, "elapsed": 1.0,
              "duration": 0.5, "count": 0.0}
 
@@ -137,8 +138,10 @@ def _question(template: Template, pool: list[PatientFacts], vocab: dict[str, lis
         for rtype, rid in e.ids():
             if rtype in template.types:
                 ids.setdefault(rtype, set()).add(rid)
-    unit = {"elapsed": params.get("unit"), "duration": "days", "count": None}.get(
-        template.shape, next((e.unit for e in events if e.unit), None))
+    unit = None
+    if template.shape in NUMERIC:
+        unit = {"elapsed": params.get("unit"), "duration": "days"}.get(template.shape,
+                                                                      next((e.unit for e in events if e.unit), None))
     text = render_question(template, facts, params, rng)
     key = f"{seed}|{template.id}|{facts.id}|{text}|{fmt(anchor)}"
     return QaQuestion(

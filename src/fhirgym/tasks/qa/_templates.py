@@ -215,6 +215,7 @@ assert len(BY_ID) == len(TEMPLATES)
 AGG = {"minimum": min, "maximum": max, "average": statistics.fmean}
 PERIOD_KEY = {"daily": "%Y-%m-%d", "monthly": "%Y-%m", "yearly": "%Y"}
 UNIT_SECONDS = {"hours": 3600, "days": 86400}
+MAX_STAY_DAYS = 60
 
 
 # -- windows -------------------------------------------------------------------------------------------
@@ -468,6 +469,8 @@ def visit_anchor(facts: PatientFacts, rng: Random, default: datetime) -> datetim
     stays = [e for e in facts.of("admission") if e.time < default]
     if not stays:
         return default
+    # hospital-length stays first: Synthea's rare years-long "inpatient" encounters make odd current visits
+    stays = [e for e in stays if e.end is None or e.end - e.time <= timedelta(days=MAX_STAY_DAYS)] or stays
     stay = rng.choice(stays)
     if stay.end is None or stay.end >= default:
         return default
