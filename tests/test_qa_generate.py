@@ -124,3 +124,25 @@ def _wrong_reply(q) -> str:
     if q.shape == "count":
         return "The final answer is: 3"
     return "The final answer is: 2024-01-01 10:00:00" if "datetime" in q.shape else "The final answer is: 42"
+
+
+def test_cli_builds_a_question_file_and_scores_answers(small_world_path, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from fhirgym.cli import main
+
+    out = tmp_path / "qa.jsonl"
+    run = CliRunner().invoke(main, ["qa", "build", "--world", str(small_world_path), "--per-template", "6",
+                                    "--templates", "lab_value,gender", "--out", str(out)])
+    assert run.exit_code == 0, run.output
+    assert "| lab_value | value | 4 | 1 | 1 |" in run.output and "questions/s" in run.output  # 6 → 4/1/1
+    questions = read_questions(out)
+    answers = tmp_path / "answers.jsonl"
+    answers.write_text("\n".join(json.dumps({"id": q.id, "answer": reference_reply(q),
+                                             "retrieved": q.gold_ids}) for q in questions))
+    run = CliRunner().invoke(main, ["qa", "score", str(out), str(answers)])
+    assert run.exit_code == 0, run.output
+    assert f"all            {len(questions):5}/{len(questions):<5} 100.0 %" in run.output
+    assert "retrieval precision 1.000, recall 1.000" in run.output

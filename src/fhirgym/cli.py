@@ -437,6 +437,35 @@ def qa_score(questions_file: Path, answers_file: Path) -> None:
                    f"recall {sum(recall) / max(1, len(recall)):.3f}")
 
 
+@qa_group.command("judge-agreement")
+@click.argument("answers_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--questions", "questions_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              required=True, help="The QA.jsonl the answers are to.")
+@click.option("--model", default="local/qwen2.5-coder-1.5b", show_default=True, help="The judge's backend.")
+@click.option("--base-url", default=None, envvar="OPENAI_BASE_URL", help="Endpoint of an OpenAI-compatible server.")
+@click.option("--cache", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Verdict cache (JSON lines; default: ANSWERS.judge-cache.jsonl).")
+def qa_judge_agreement(answers_file: Path, questions_file: Path, model: str, base_url: str | None,
+                       cache: Path | None) -> None:
+    """The LLM judge's agreement, precision and recall against the deterministic matcher on ANSWERS
+    (JSON lines: id, answer)."""
+    from .agents import make_backend
+    from .runner import LlmJudge, agreement, gold_text
+    from .tasks.qa import read_questions, score_answer
+
+    by_id = {q.id: q for q in read_questions(questions_file)}
+    judge = LlmJudge(make_backend(model, base_url=base_url),
+                     cache or answers_file.with_suffix(".judge-cache.jsonl"))
+    pairs = []
+    for line in answers_file.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            q = by_id[row["id"]]
+            verdict = judge.judge(q.prompt(), gold_text(q.answer, q.no_answer), row.get("answer"))
+            pairs.append((score_answer(q, row.get("answer")).correct, verdict.correct))
+    click.echo(agreement(pairs).lines())
+
+
 # -- mcp -----------------------------------------------------------------------------------------------
 
 @main.group("mcp")
