@@ -14,6 +14,7 @@ Encounter ``partOf`` it; the first/last visit is among finished visits; times ar
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from random import Random
@@ -28,7 +29,7 @@ WINDOWS = (*TIME_WINDOWS, "first_visit", "last_visit")
 CASE_HINT = "When searching for values in the database, account for all variations in letter case and surrounding whitespace."
 VISIT_HINT = ("A hospital visit is an inpatient Encounter (class IMP); its emergency and ICU stays are Encounters "
               "partOf it, and its events refer to one of these encounters. The first and last visits are among "
-              "finished visits.")
+              "finished visits; the current visit is the one in progress at the current time.")
 ERROR_HINT = "Ignore records marked entered-in-error."
 DRUG_HINT = ("Drug names are the display of the medication's coding, inline or in the referenced Medication; "
              "the dose is dosageInstruction.doseAndRate.doseQuantity.")
@@ -244,34 +245,37 @@ def visits(facts: PatientFacts, anchor: datetime) -> tuple[list[Event], Event | 
     return finished, current
 
 
-def in_window(event: Event, window: str, facts: PatientFacts, anchor: datetime) -> bool:
-    if event.time > anchor:
-        return False
+def window_test(window: str, facts: PatientFacts, anchor: datetime) -> Callable[[Event], bool]:
+    """Is an event inside ``window`` (and not after ``anchor``)? Built once per question, used per event."""
     kind, _, arg = window.partition(":")
-    t = event.time
     if kind == "all":
-        return True
+        return lambda e: e.time <= anchor
     if kind == "since":
-        return t >= datetime.fromisoformat(arg).replace(tzinfo=UTC)
+        since = datetime.fromisoformat(arg).replace(tzinfo=UTC)
+        return lambda e: since <= e.time <= anchor
     if kind == "year":
-        return t.year == int(arg)
+        return lambda e: e.time <= anchor and e.time.year == int(arg)
     if kind == "month":
-        return t.strftime("%Y-%m") == arg
+        year, month = (int(x) for x in arg.split("-"))
+        return lambda e: e.time <= anchor and (e.time.year, e.time.month) == (year, month)
     if kind in ("this_year", "last_year"):
-        return t.year == anchor.year - (kind == "last_year")
+        wanted = anchor.year - (kind == "last_year")
+        return lambda e: e.time <= anchor and e.time.year == wanted
     finished, current = visits(facts, anchor)
     visit = {"first_visit": finished[0] if finished else None, "last_visit": finished[-1] if finished else None,
              "current_visit": current}[kind]
-    return visit is not None and facts.visit_of.get(event.encounter or "") == visit.id
+    if visit is None:
+        return lambda e: False
+    return lambda e: e.time <= anchor and facts.visit_of.get(e.encounter or "") == visit.id
 
 
 def selected(template: Template, facts: PatientFacts, params: dict, anchor: datetime) -> list[Event]:
     """The events a question is about: its kind, name(s) (case-insensitive) and window."""
     names = params.get("names") or ([params["name"]] if "name" in params else None)
     wanted = {n.strip().casefold() for n in names} if names else None
-    window = params.get("window", "all")
+    inside = window_test(params.get("window", "all"), facts, anchor)
     return [e for e in facts.of(template.kind) if (wanted is None or e.name.strip().casefold() in wanted)
-            and in_window(e, window, facts, anchor)]
+            and inside(e)]
 
 
 # -- the engine ----------------------------------------------------------------------------------------
