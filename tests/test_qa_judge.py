@@ -42,3 +42,26 @@ def test_agreement_precision_recall_against_the_matcher():
     assert a.judge_accepts == 3 and a.matcher_accepts == 3
     assert "agreement 60.0 %" in a.lines()
     assert math.isnan(agreement([(False, False)]).precision)
+
+
+def test_cli_judge_agreement_with_a_scripted_judge(small_world_path, tmp_path, monkeypatch):
+    import json
+
+    from click.testing import CliRunner
+
+    import fhirgym.agents
+    from fhirgym.cli import main
+    from fhirgym.tasks.qa import build_questions, reference_reply, write_questions
+
+    questions = build_questions(small_world_path, per_template=6, seed=0, templates=["lab_value", "admitted"])[:4]
+    write_questions(questions, tmp_path / "qa.jsonl")
+    replies = [reference_reply(questions[0]), reference_reply(questions[1]), "The final answer is: 123456", "no idea"]
+    (tmp_path / "a.jsonl").write_text("\n".join(json.dumps({"id": q.id, "answer": r})
+                                                 for q, r in zip(questions, replies, strict=True)))
+    # matcher: right, right, wrong, wrong; the judge accepts 1, 3 and 4: it agrees on the first only
+    monkeypatch.setattr(fhirgym.agents, "make_backend", lambda *a, **k: ScriptedBackend(["1", "0", "1", "1"]))
+    run = CliRunner().invoke(main, ["qa", "judge-agreement", str(tmp_path / "a.jsonl"),
+                                    "--questions", str(tmp_path / "qa.jsonl"), "--model", "scripted"])
+    assert run.exit_code == 0, run.output
+    assert "4 answers: agreement 25.0 %, judge precision 33.3 %, recall 50.0 %" in run.output
+    assert len((tmp_path / "a.judge-cache.jsonl").read_text().splitlines()) == 4
