@@ -5,7 +5,8 @@ a fixed order, so the same world, seed and size give the same file. Patients are
 into train/valid/test before any question is drawn: no patient appears in two splits. About a
 quarter of the questions have no answer (empty gold ids, as in FHIR-AgentBench: "no" to a
 yes/no question, nothing to report, no current visit): each draw first decides whether it wants
-one, then samples parameters until the answer's emptiness matches (or settles for the last draw).
+one (a per-template share corrected by the split's running share), then samples parameters until
+the answer's emptiness matches (or settles for the last draw).
 """
 
 from __future__ import annotations
@@ -181,19 +182,22 @@ def build_questions(world: TaskWorld | str | Path, per_template: int = 55, seed:
             pool = [f for f in facts if split_of[f.id] == split]
             rng = Random(f"qa|{seed}|{template.id}|{split}")
             seen: set[str] = set()
-            made = 0
+            made = t_empty = 0
             for _ in range(quota * 8):
                 if made >= quota or not pool:
                     break
-                # a running balance per split keeps the no-answer share near the target whatever the
-                # templates' own leanings (some rarely have an answer on a small world)
-                want_empty = empty_in[split] < EMPTY_SHARE * (made_in[split] + 1)
+                # each template aims at the target share, corrected by the split's running share so far
+                # (some templates rarely have an answer: no current visit), kept within 10–40 %
+                so_far = empty_in[split] / made_in[split] if made_in[split] else EMPTY_SHARE
+                target = min(0.4, max(0.1, EMPTY_SHARE + 4 * (EMPTY_SHARE - so_far)))
+                want_empty = t_empty + 1 <= target * (made + 1)
                 q = _question(template, pool, vocab, rng, default, seed, split, want_empty)
                 if q is None or q.id in seen:
                     continue
                 seen.add(q.id)
                 out.append(q)
                 made += 1
+                t_empty += q.no_answer
                 made_in[split] += 1
                 empty_in[split] += q.no_answer
         if progress:
