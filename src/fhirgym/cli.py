@@ -389,6 +389,109 @@ def eval_cmd(agent: str, model: str | None, base_url: str | None, selector: str,
         click.echo(f"report: {path}")
 
 
+# -- qa ------------------------------------------------------------------------------------------------
+
+@main.group("qa")
+def qa_group() -> None:
+    """Question answering over a world: build question sets, list templates, score answers."""
+
+
+@qa_group.command("build")
+@click.option("--per-template", default=55, show_default=True,
+              help="Questions per template (70/15/15 over train/valid/test).")
+@click.option("--seed", default=0, show_default=True, help="Fixes every choice: splits, parameters, phrasings.")
+@click.option("--templates", "only", default=None, help="Comma-separated template ids (default: all).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="QA.jsonl to write.")
+@_world_options
+def qa_build(per_template: int, seed: int, only: str | None, out: Path, world_path: Path | None, patients: int,
+             world_seed: int) -> None:
+    """Generate questions with computed gold answers and gold resource ids; print counts per template and split."""
+    import time
+
+    from .tasks.qa import build_questions, count_table, write_questions
+
+    world = _task_world(world_path, patients, world_seed)
+    started = time.perf_counter()
+    questions = build_questions(world, per_template=per_template, seed=seed,
+                                templates=only.split(",") if only else None)
+    seconds = time.perf_counter() - started
+    write_questions(questions, out)
+    click.echo(count_table(questions))
+    click.echo(f"{len(questions)} questions in {out} ({seconds:.1f} s including reading the world, "
+               f"{len(questions) / seconds:.0f} questions/s)")
+
+
+@qa_group.command("templates")
+def qa_templates() -> None:
+    """Every question template: id, answer shape, resource types of its gold ids, first phrasing."""
+    from .tasks.qa import TEMPLATES
+
+    for t in TEMPLATES:
+        click.echo(f"{t.id:24} {t.shape:13} {','.join(t.types):30} {t.texts[0]}")
+    click.echo(f"{len(TEMPLATES)} templates")
+
+
+@qa_group.command("score")
+@click.argument("questions_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("answers_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+def qa_score(questions_file: Path, answers_file: Path) -> None:
+    """Score ANSWERS (JSON lines: id, answer, optional retrieved {type: [ids]}) with the deterministic matcher."""
+    import math
+    from collections import defaultdict
+
+    from .tasks.qa import read_questions, retrieval_scores, score_answer
+
+    by_id = {q.id: q for q in read_questions(questions_file)}
+    per_shape: dict[str, list[bool]] = defaultdict(list)
+    precision, recall = [], []
+    for line in answers_file.read_text().splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        q = by_id[row["id"]]
+        per_shape[q.shape].append(score_answer(q, row.get("answer")).correct)
+        if "retrieved" in row:
+            p, r = retrieval_scores(q.gold_ids, row["retrieved"])
+            precision += [] if math.isnan(p) else [p]
+            recall += [] if math.isnan(r) else [r]
+    every = [x for v in per_shape.values() for x in v]
+    for shape, hits in sorted(per_shape.items()):
+        click.echo(f"{shape:14} {sum(hits):5}/{len(hits):<5} {100 * sum(hits) / len(hits):5.1f} %")
+    click.echo(f"{'all':14} {sum(every):5}/{len(every):<5} {100 * sum(every) / max(1, len(every)):5.1f} %")
+    if precision or recall:
+        click.echo(f"retrieval precision {sum(precision) / max(1, len(precision)):.3f}, "
+                   f"recall {sum(recall) / max(1, len(recall)):.3f}")
+
+
+@qa_group.command("judge-agreement")
+@click.argument("answers_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--questions", "questions_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              required=True, help="The QA.jsonl the answers are to.")
+@click.option("--model", default="local/qwen2.5-coder-1.5b", show_default=True, help="The judge's backend.")
+@click.option("--base-url", default=None, envvar="OPENAI_BASE_URL", help="Endpoint of an OpenAI-compatible server.")
+@click.option("--cache", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Verdict cache (JSON lines; default: ANSWERS.judge-cache.jsonl).")
+def qa_judge_agreement(answers_file: Path, questions_file: Path, model: str, base_url: str | None,
+                       cache: Path | None) -> None:
+    """The LLM judge's agreement, precision and recall against the deterministic matcher on ANSWERS
+    (JSON lines: id, answer)."""
+    from .agents import make_backend
+    from .runner import LlmJudge, agreement, gold_text
+    from .tasks.qa import read_questions, score_answer
+
+    by_id = {q.id: q for q in read_questions(questions_file)}
+    judge = LlmJudge(make_backend(model, base_url=base_url),
+                     cache or answers_file.with_suffix(".judge-cache.jsonl"))
+    pairs = []
+    for line in answers_file.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            q = by_id[row["id"]]
+            verdict = judge.judge(q.prompt(), gold_text(q.answer, q.no_answer), row.get("answer"))
+            pairs.append((score_answer(q, row.get("answer")).correct, verdict.correct))
+    click.echo(agreement(pairs).lines())
+
+
 # -- mcp -----------------------------------------------------------------------------------------------
 
 @main.group("mcp")

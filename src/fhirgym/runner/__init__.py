@@ -6,14 +6,20 @@
 
 from ._episode import EpisodeKey, run_episode
 from ._eval import EvalError, EvalSpec, instance_seed, plan, progress_line, run_eval, summary
+from ._judge import Agreement, JudgeVerdict, LlmJudge, agreement, gold_text
 from ._results import RESULTS, append_result, read_results
 
 __all__ = [
     "RESULTS",
+    "Agreement",
     "EpisodeKey",
     "EvalError",
     "EvalSpec",
+    "JudgeVerdict",
+    "LlmJudge",
+    "agreement",
     "append_result",
+    "gold_text",
     "instance_seed",
     "plan",
     "progress_line",
