@@ -355,11 +355,20 @@ def _seeds(value: str) -> list[int]:
 @click.option("--sealed", is_flag=True,
               help="Derive instance seeds from a secret drawn now; run.json records it when the run ends.")
 @click.option("--secret", default=None, help="Replay (or resume) a sealed run with the secret its run.json recorded.")
+@click.option("--track", type=click.Choice(["action", "qa"]), default="action", show_default=True,
+              help="action: the task families; qa: questions about one patient (--tasks selects templates, "
+                   "seed k is a template's k-th question of --split).")
+@click.option("--split", type=click.Choice(["train", "valid", "test"]), default="valid", show_default=True,
+              help="QA: the questions' split.")
+@click.option("--questions", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="QA: a question file from `fhirgym qa build` (default: built from the world).")
+@click.option("--per-template", default=10, show_default=True, help="QA without --questions: questions per template.")
 @_world_options(default_patients=10)
 def eval_cmd(agent: str, model: str | None, base_url: str | None, selector: str, seeds: str, runs: int, config: str,
              setting: str, out: Path, parallel: int, resume: bool, max_iterations: int | None,
              budget: int | None, unsafe_python: bool, paraphrases: int, no_report: bool, sealed: bool,
-             secret: str | None, world_path: Path | None, patients: int, world_seed: int) -> None:
+             secret: str | None, track: str, split: str, questions: Path | None, per_template: int,
+             world_path: Path | None, patients: int, world_seed: int) -> None:
     """Evaluate an agent on tasks: one isolated store per episode, results.jsonl + transcripts + report."""
     import time
 
@@ -368,7 +377,8 @@ def eval_cmd(agent: str, model: str | None, base_url: str | None, selector: str,
     spec = EvalSpec(out=out, agent=agent, model=model, base_url=base_url, tasks=selector, seeds=_seeds(seeds),
                     runs=runs, config=config, setting=setting, parallel=parallel, resume=resume,
                     max_iterations=max_iterations, budget=budget, unsafe_python=unsafe_python,
-                    paraphrases=paraphrases, sealed=sealed, secret=secret)
+                    paraphrases=paraphrases, sealed=sealed, secret=secret, track=track, split=split,
+                    questions=questions, per_template=per_template)
     world = _task_world(world_path, patients, world_seed)
     started = time.perf_counter()
     counts: dict[str, int] = {}

@@ -106,6 +106,32 @@ def floor_rate(results: list[Result]) -> float | None:
     return mean([100.0 if f else 0.0 for f in known]) if known else None
 
 
+def qa_breakdown(results: list[Result]) -> list[dict[str, Any]]:
+    """QA episodes: accuracy by answer shape and by gold resource type (an episode counts under each of its
+    types), FHIR-AgentBench's retrieval precision and recall (means over the episodes where they are
+    defined) and turns per episode; one row per (``by``, key), infrastructure errors counted apart."""
+    qa = [r for r in results if isinstance(r.get("qa"), dict)]
+    rows = []
+    groups: list[tuple[str, Any, list[Result]]] = [("all", "all", qa)]
+    for key, sub in sorted(_groupby(qa, lambda r: r["qa"].get("shape")).items(), key=lambda kv: str(kv[0])):
+        groups.append(("shape", key, sub))
+    by_type: dict[str, list[Result]] = defaultdict(list)
+    for r in qa:
+        for t in r["qa"].get("gold_types") or ["(no answer)"]:
+            by_type[t].append(r)
+    groups += [("gold type", t, sub) for t, sub in sorted(by_type.items())]
+    for by, key, sub in groups:
+        sc = scored(sub)
+        precision = [r["qa"]["retrieval"]["precision"] for r in sc
+                     if (r["qa"].get("retrieval") or {}).get("precision") is not None]
+        recall = [r["qa"]["retrieval"]["recall"] for r in sc if (r["qa"].get("retrieval") or {}).get("recall") is not None]
+        rows.append({"by": by, "key": key, "n": len(sc), "n_errors": len(sub) - len(sc),
+                     "accuracy": mean([success_value(r) for r in sc]),
+                     "precision": mean([100 * p for p in precision]), "recall": mean([100 * x for x in recall]),
+                     "turns": mean([float(r.get("iterations") or 0) for r in sc])})
+    return rows if qa else []
+
+
 def light_success(results: list[Result]) -> dict[str, Any]:
     """Light vs strict validator on writing tasks (scored episodes whose light verdict exists)."""
     rs = [r for r in scored(results) if r.get("writes") and r.get("light_success") is not None]
@@ -469,4 +495,5 @@ def compute_metrics(results: list[Result], *, n_boot: int = 2000, seed: int = 0)
         "errors": [{"label": labels[group_key(r)], "episode_id": r.get("episode_id"), "error": r.get("error"),
                     "dir": r.get("_dir")} for r in results if is_error(r)],
         "per_task": per_task(results, labels),
+        "qa": rows(qa_breakdown, listed),
     }

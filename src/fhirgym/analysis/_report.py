@@ -267,6 +267,19 @@ variations; within-task: variation means of one task, averaged over tasks; overa
 {% endfor %}</table>
 {{ fig("token_cv", "grouped bar chart of token coefficient of variation per level and config") }}
 
+{% if m.qa %}
+<h2 id="qa">Question answering</h2>
+<p class="note">QA episodes: accuracy (the deterministic matcher) by answer shape and by gold resource type
+(an episode counts under each of its types), FHIR-AgentBench's retrieval precision and recall of the
+resources the tools returned (types of the gold only; binary recall), and model turns per episode.</p>
+<div class="scroll"><table><tr><th class="l">config</th><th class="l">by</th><th class="l">key</th><th>episodes</th>
+<th>errors</th><th>accuracy %</th><th>precision %</th><th>recall %</th><th>turns</th></tr>
+{% for r in m.qa %}<tr><td class="l">{{ r.label }}</td><td class="l">{{ r.by }}</td><td class="l">{{ r.key }}</td>
+<td>{{ r.n | num }}</td><td>{{ r.n_errors | num }}</td><td>{{ r.accuracy | num }}</td><td>{{ r.precision | num }}</td>
+<td>{{ r.recall | num }}</td><td>{{ r.turns | num }}</td></tr>
+{% endfor %}</table></div>
+{% endif %}
+
 {% if m.errors %}
 <h2 id="errors">Infrastructure errors</h2>
 <p class="note">{{ m.errors | length }} episode(s) with status <code>error</code>; excluded from success metrics.</p>
@@ -493,6 +506,7 @@ def render_html(results: list[dict[str, Any]], metrics: dict[str, Any], out: Pat
     toc = [("success", "Success rate"), ("light", "Writing tasks: light validator"),
            ("passk", "pass@k and pass^k"), ("paired", "Paired comparisons"), ("variance", "Variance decomposition"),
            ("tools", "Tool use and tool errors"), ("failures", "Failure modes"), ("tokens", "Token usage"),
+           *([("qa", "Question answering")] if metrics["qa"] else []),
            *([("errors", "Infrastructure errors")] if metrics["errors"] else []), ("tasks", "Per-task results")]
     template = env.from_string(MACROS + REPORT)
     html = template.render(m=metrics, meta=metrics["meta"], figures=all_figures(metrics), pages=pages, css=CSS,
@@ -590,6 +604,11 @@ def render_markdown(metrics: dict[str, Any]) -> str:
                       [[r["label"], r["n"], _num(r["same_prompt"], 3), _num(r["within_task"], 3), _num(r["overall"], 3)]
                        for r in m["token_cv"]])]
     labels = [g["label"] for g in meta["groups"]]
+    if m["qa"]:
+        out += ["## Question answering\n", _md_table(
+            ["config", "by", "key", "episodes", "errors", "accuracy %", "precision %", "recall %", "turns"],
+            [[r["label"], r["by"], r["key"], r["n"], r["n_errors"], _num(r["accuracy"]), _num(r["precision"]),
+              _num(r["recall"]), _num(r["turns"])] for r in m["qa"]])]
     out += ["## Per-task success % (successes/scored)\n",
             _md_table(["task", "category", "difficulty", "writes", *labels],
                       [[t["task_id"], t["category"], t["difficulty"], _num(t["writes"]),

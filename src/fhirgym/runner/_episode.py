@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from ..agents import INFRASTRUCTURE_ERRORS, AgentResult, AgentTask, ReferenceAgent
 from ..env import Config, Episode, solve_reference
 from ..tasks import Instance, failure_modes_of, proximity, render
+from ..tasks.qa import QaFamily, qa_fields
 
 
 @dataclass(frozen=True)
@@ -87,10 +88,13 @@ def run_episode(key: EpisodeKey, inst: Instance, agent, config: Config | str = "
         "duration_s": round(duration, 4), "sandbox_s": round(max(0.0, duration - result.model_s), 4),
         "error": result.error, "transcript": f"transcripts/{key.file_name}",
     }
+    if isinstance(fam, QaFamily):  # the QA track: shape, gold types, retrieval P/R (docs/RESULTS.md)
+        line["qa"] = qa_fields(fam.question, [c.output for c in calls])
     transcript = {
         **line, "prompt": inst.prompt, "now": inst.now.isoformat(), "params": render(inst.params),
         "system": next((m["content"] for m in result.messages if m.get("role") == "system"), None),
-        "gold_answer": None if inst.gold.answer is None else render(inst.gold.answer),
+        "gold_answer": None if inst.gold.answer is None else render(
+            inst.gold.answer.answer if isinstance(fam, QaFamily) else inst.gold.answer),
         "expected_changes": [e.describe() for e in inst.gold.expects],
         "messages": result.messages, "tool_calls": [c.to_json(full=True) for c in calls],
         "diff": [c.to_json() for c in verdict.changes], "verdict": verdict.to_json(),

@@ -12,6 +12,7 @@ or Ctrl-C), then the secret itself; ``secret=`` replays or resumes a sealed run.
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import hmac
 import secrets
@@ -57,6 +58,10 @@ class EvalSpec:
     unsafe_python: bool = False  # --unsafe-python: the python tool may run without a full sandbox
     paraphrases: int = 0  # 0: template prompts only; k: also the first k cached paraphrases
     sealed: bool = False  # instance seeds derived from a secret no agent sees during the run
+    track: str = "action"  # action: the task families; qa: questions about one patient (docs/QA.md)
+    split: str = "valid"  # qa: the questions' split (train, valid, test)
+    questions: Path | None = None  # qa: a question file (fhirgym qa build); default: built from the world
+    per_template: int = 10  # qa without a question file: questions built per template
     secret: str | None = field(default=None, repr=False)  # a sealed run's secret (hex), to replay or resume it
 
     def __post_init__(self) -> None:
@@ -67,6 +72,8 @@ class EvalSpec:
         """What must match for ``--resume`` to append to an existing directory."""
         out = {k: v for k, v in asdict(self).items() if k in ("agent", "model", "config", "setting", "budget",
                                                                "max_iterations")}
+        if self.track != "action":
+            out.update(track=self.track, split=self.split)
         if self.sealed and self.secret:
             out["secret_sha256"] = _commitment(self.secret)
         return out
@@ -85,12 +92,51 @@ def instance_seed(spec: EvalSpec, task_id: str, seed: int) -> int:
     return int.from_bytes(digest[:6], "big")
 
 
-def plan(spec: EvalSpec) -> list[EpisodeKey]:
+def plan(spec: EvalSpec, world: TaskWorld | None = None) -> list[EpisodeKey]:
+    """The episodes of a run. QA: ``--tasks`` selects templates (``qa.<template>`` ids or globs, ``all``),
+    and seed k is the k-th question of a template in the split."""
+    if spec.track == "qa":
+        if world is None:
+            raise EvalError("the QA track needs the world its questions come from")
+        by_template = qa_questions(spec, world)
+        ids = [t for t in by_template if _selected(f"qa.{t}", spec.tasks)]
+        if not ids:
+            raise EvalError(f"--tasks {spec.tasks!r} selects no QA template; see `fhirgym qa templates`")
+        return [EpisodeKey(spec.config, f"qa.{t}", seed, 0, run) for t in ids for seed in spec.seeds
+                if seed < len(by_template[t]) for run in range(spec.runs)]
+    if spec.track != "action":
+        raise EvalError(f"unknown --track {spec.track!r}: action or qa")
     fams = select(spec.tasks)
     if not fams:
         raise EvalError(f"--tasks {spec.tasks!r} selects no task")
     return [EpisodeKey(spec.config, f.id, seed, p, run) for f in fams for seed in spec.seeds
             for p in range(spec.paraphrases + 1) for run in range(spec.runs)]
+
+
+def _selected(task_id: str, selector: str | None) -> bool:
+    terms = [t.strip() for t in (selector or "all").split(",") if t.strip()]
+    if not terms or any(t in ("all", "default", "qa", "reads") for t in terms):
+        return not any(t.startswith("-") and fnmatch.fnmatchcase(task_id, t[1:]) for t in terms)
+    return any(fnmatch.fnmatchcase(task_id, t) or fnmatch.fnmatchcase(task_id, f"qa.{t}") for t in terms
+               if not t.startswith("-"))
+
+
+_QUESTIONS: dict[tuple, dict[str, list]] = {}
+
+
+def qa_questions(spec: EvalSpec, world: TaskWorld) -> dict[str, list]:
+    """The split's questions by template, in file (or build) order; built ones are cached per world."""
+    key = (str(spec.questions or world.path), spec.split, spec.per_template)
+    if key not in _QUESTIONS:
+        from ..tasks.qa import build_questions, read_questions
+
+        every = read_questions(spec.questions) if spec.questions else build_questions(world, spec.per_template)
+        by: dict[str, list] = {}
+        for q in every:
+            if q.split == spec.split:
+                by.setdefault(q.template, []).append(q)
+        _QUESTIONS[key] = by
+    return _QUESTIONS[key]
 
 
 def _seal(spec: EvalSpec) -> None:
@@ -106,6 +152,8 @@ def _seal(spec: EvalSpec) -> None:
             raise EvalError(f"resuming the sealed run in {spec.out} needs its secret: pass --secret (from "
                             "run.json's 'sealed.secret')")
         spec.secret = secrets.token_hex(16)
+    if spec.sealed and spec.track != "action":
+        raise EvalError("--sealed derives the action track's instance seeds; QA questions come from their file")
     if spec.sealed and spec.paraphrases:
         raise EvalError("a sealed run cannot use cached paraphrases (they are written for the public seeds)")
 
@@ -151,7 +199,7 @@ def run_eval(spec: EvalSpec, world: TaskWorld, progress: Callable[[dict, int, in
         config = get_config(spec.config)
     except UnknownConfig as exc:
         raise EvalError(f"unknown --config {spec.config!r}; known: {', '.join(configs())}") from exc
-    keys = plan(spec)
+    keys = plan(spec, world)
     _seal(spec)
     done = _prepare_dir(spec, world)
     try:
@@ -177,7 +225,12 @@ def _run(spec: EvalSpec, world: TaskWorld, config, keys: list[EpisodeKey], done:
         with lock:
             if ik in instances:
                 return instances[ik]
-            inst = make_instance(key.task_id, instance_seed(spec, key.task_id, key.seed), world)
+            if spec.track == "qa":
+                from ..tasks.qa import qa_instance
+
+                inst = qa_instance(qa_questions(spec, world)[key.task_id[3:]][key.seed], world)
+            else:
+                inst = make_instance(key.task_id, instance_seed(spec, key.task_id, key.seed), world)
             if key.paraphrase:
                 from ..tasks import cached_paraphrase
 

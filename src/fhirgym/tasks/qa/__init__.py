@@ -20,6 +20,7 @@ from ._generate import (
     read_questions,
     write_questions,
 )
+from ._instance import QaAnswer, QaFamily, qa_fields, qa_instance, retrieved_ids
 from ._score import (
     Match,
     final_answer,
@@ -39,6 +40,8 @@ __all__ = [
     "FactReader",
     "Match",
     "PatientFacts",
+    "QaAnswer",
+    "QaFamily",
     "QaQuestion",
     "Template",
     "assign_splits",
@@ -46,10 +49,13 @@ __all__ = [
     "count_table",
     "final_answer",
     "match_answer",
+    "qa_fields",
+    "qa_instance",
     "read_facts",
     "read_questions",
     "reference_reply",
     "retrieval_scores",
+    "retrieved_ids",
     "says_no_answer",
     "score_answer",
     "write_questions",

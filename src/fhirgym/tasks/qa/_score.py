@@ -73,6 +73,8 @@ def final_answer(text: str | None) -> str:
 
 def says_no_answer(text: str) -> bool:
     body = text.strip().strip("`'\"")
+    if re.fullmatch(r'\{\s*"?found"?\s*:\s*false\s*\}', text.strip(), re.I):  # fhirgym's structured form
+        return True
     return body in ("[]", "{}", "[[]]", "[[None]]") or bool(_NO_ANSWER.match(_text(body)))
 
 
