@@ -104,8 +104,6 @@ def test_identical_runs_give_identical_tool_outputs(family, small_world_path):
     assert _reference_calls(inst) == _reference_calls(inst)
 
 
-@pytest.mark.xfail(strict=True, reason="the paging token hashes id(self.store), a memory address "
-                   "(fhir/_server.py FhirServer._remember); issue 16 req 8 asks the server's owner to drop it")
 def test_paging_links_are_the_same_in_identical_runs(small_world_path):
     inst = make_instance("scheduling.book_first_free_slot", 3, TaskWorld.open(small_world_path))
     first, second = _reference_calls(inst), _reference_calls(inst)

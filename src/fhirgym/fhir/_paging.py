@@ -25,10 +25,10 @@ def count(server: ServerCore, requested: int | None) -> int:
 
 
 def remember(server: ServerCore, state: dict, query: list[tuple[str, str]]) -> str:
-    """Keep a result list (least recently used go first); its paging token."""
-    key = hashlib.sha256(
-        orjson.dumps([state.get("rtype"), query, server.generation, id(server.store)])
-    ).hexdigest()[:24]
+    """Keep a result list (least recently used go first); its paging token. The token is a function of the
+    request and the server's write generation only (no memory address), so identical runs see identical
+    links."""
+    key = hashlib.sha256(orjson.dumps([state.get("rtype"), query, server.generation])).hexdigest()[:24]
     server.pages[key] = state
     server.pages.move_to_end(key)
     while len(server.pages) > server.config.page_cache_size:
