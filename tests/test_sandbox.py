@@ -420,20 +420,19 @@ def test_processes_left_behind_die_with_the_call(sandbox: Sandbox):
     _host_unharmed(sandbox, r)  # the sleeping child went with the pid namespace
 
 
-def test_escape_kill_or_inspect_the_zygote(sandbox: Sandbox):
+def test_escape_kill_or_inspect_the_zygote(tmp_path: Path):
     """The episode's zygote (the parent of each call) is not dumpable: its memory and fds stay closed to the
     code; killing it ends only this call, and the next call starts a new sandbox."""
-    if not sandbox.zygote:
-        pytest.skip("no zygote in per-call mode (there, the parent is bwrap's init: see the fork tests)")
-    r = sandbox.run(_ATTEMPT + "p = os.getppid()\nanswer = {n: attempt(lambda n=n: open(f'/proc/{p}/{n}', 'rb').read(1))"
-                    " for n in ('mem', 'environ', 'fd/0')} | {'fds': sorted(os.listdir('/proc/self/fd'))}")
-    assert r.ok and r.answer == {"mem": "PermissionError", "environ": "PermissionError", "fd/0": "PermissionError",
-                                 "fds": ["0", "1", "2", "3", "4"]}, r.answer  # 4: the listing itself
-    r = sandbox.run("import os, signal\nprint('bye', flush=True)\nos.kill(os.getppid(), signal.SIGKILL)\n"
-                    "import time\ntime.sleep(60)")
-    assert not r.ok and sandbox._zygote is None, r
-    _escape("kill the episode's zygote", "the sandbox dies with it; the next call starts a new one", r)
-    _host_unharmed(sandbox, r)
+    with Sandbox(tmp_path / "ws", LIMITS) as sandbox:  # the default mode: a zygote per episode
+        r = sandbox.run(_ATTEMPT + "p = os.getppid()\nanswer = {n: attempt(lambda n=n: open(f'/proc/{p}/{n}', 'rb').read(1))"
+                        " for n in ('mem', 'environ', 'fd/0')} | {'fds': sorted(os.listdir('/proc/self/fd'))}")
+        assert r.ok and r.answer == {"mem": "PermissionError", "environ": "PermissionError", "fd/0": "PermissionError",
+                                     "fds": ["0", "1", "2", "3", "4"]}, r.answer  # 4: the listing itself
+        r = sandbox.run("import os, signal\nprint('bye', flush=True)\nos.kill(os.getppid(), signal.SIGKILL)\n"
+                        "import time\ntime.sleep(60)")
+        assert not r.ok and sandbox._zygote is None, r
+        _escape("kill the episode's zygote", "the sandbox dies with it; the next call starts a new one", r)
+        _host_unharmed(sandbox, r)
 
 
 def test_tmp_persists_within_the_episode_only(sandbox: Sandbox, tmp_path: Path):
