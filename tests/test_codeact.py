@@ -24,6 +24,7 @@ from fhirgym.tasks import TaskWorld, make_instance
 from fhirgym.tools import (
     CODEACT_TOOLS,
     FHIR_TOOLS,
+    WORKSPACE_KEY,
     SandboxProbe,
     Toolbox,
     ToolContext,
@@ -246,7 +247,7 @@ def test_a_bare_toolbox_makes_a_read_only_workspace(world):
                 "except FhirError as exc:\n    answer = [n > 0, str(exc)]")}).output
             assert out["answer"][0] is True and "unknown tool 'createResource'" in out["answer"][1]
         finally:
-            ctx.extras["codeact_workspace"].close()
+            ctx.extras[WORKSPACE_KEY].close()
 
 
 # --- the CodeAct agent, scripted ----------------------------------------------------------------------------
