@@ -12,7 +12,6 @@ or Ctrl-C), then the secret itself; ``secret=`` replays or resumes a sealed run.
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import hmac
 import secrets
@@ -98,12 +97,18 @@ def plan(spec: EvalSpec, world: TaskWorld | None = None) -> list[EpisodeKey]:
     if spec.track == "qa":
         if world is None:
             raise EvalError("the QA track needs the world its questions come from")
+        from ..tasks.qa import QaFamily
+
         by_template = qa_questions(spec, world)
-        ids = [t for t in by_template if _selected(f"qa.{t}", spec.tasks)]
-        if not ids:
+        templates = [QaFamily(qs[0]) for qs in by_template.values()]
+        try:  # the task selector's grammar over the templates; "default" is every template
+            fams = select("all" if spec.tasks == "default" else spec.tasks, among=templates)
+        except KeyError:  # a term that matches no template
+            fams = []
+        if not fams:
             raise EvalError(f"--tasks {spec.tasks!r} selects no QA template; see `fhirgym qa templates`")
-        return [EpisodeKey(spec.config, f"qa.{t}", seed, 0, run) for t in ids for seed in spec.seeds
-                if seed < len(by_template[t]) for run in range(spec.runs)]
+        return [EpisodeKey(spec.config, f.id, seed, 0, run) for f in fams for seed in spec.seeds
+                if seed < len(by_template[f.id[3:]]) for run in range(spec.runs)]
     if spec.track != "action":
         raise EvalError(f"unknown --track {spec.track!r}: action or qa")
     fams = select(spec.tasks)
@@ -111,14 +116,6 @@ def plan(spec: EvalSpec, world: TaskWorld | None = None) -> list[EpisodeKey]:
         raise EvalError(f"--tasks {spec.tasks!r} selects no task")
     return [EpisodeKey(spec.config, f.id, seed, p, run) for f in fams for seed in spec.seeds
             for p in range(spec.paraphrases + 1) for run in range(spec.runs)]
-
-
-def _selected(task_id: str, selector: str | None) -> bool:
-    terms = [t.strip() for t in (selector or "all").split(",") if t.strip()]
-    if not terms or any(t in ("all", "default", "qa", "reads") for t in terms):
-        return not any(t.startswith("-") and fnmatch.fnmatchcase(task_id, t[1:]) for t in terms)
-    return any(fnmatch.fnmatchcase(task_id, t) or fnmatch.fnmatchcase(task_id, f"qa.{t}") for t in terms
-               if not t.startswith("-"))
 
 
 _QUESTIONS: dict[tuple, dict[str, list]] = {}

@@ -425,12 +425,13 @@ DEFAULT_SUBSET = ("records.find_patient", "billing.find_coverage", "scheduling.b
                   "orders.record_surgery_plan", "clinical.last_hba1c", "clinical.record_blood_pressure")
 
 
-def select(selector: str | None) -> list[Family]:
+def select(selector: str | None, among: list[Family] | None = None) -> list[Family]:
     """Families matching a selector: comma-separated ids, globs (``scheduling.*``), categories,
-    ``reads``/``writes``, ``d1``–``d3``, ``all`` or ``default``; a leading ``-`` excludes."""
+    ``reads``/``writes``, ``d1``–``d3``, ``all`` or ``default``; a leading ``-`` excludes. ``among``:
+    the families to choose from (default: the registered ones; the QA track passes its templates')."""
     import fnmatch
 
-    every = families()
+    every = families() if among is None else among
     if not selector or selector == "all":
         return every
     chosen: list[Family] = []
