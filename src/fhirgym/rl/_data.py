@@ -16,6 +16,8 @@ from typing import Any
 import orjson
 
 from ..tasks import Instance, TaskInfeasible, TaskWorld, make_instance, select
+from ..world import build_world, world_sha256
+from ._text import TextEpisode
 
 #: Seeds of each split (per family): disjoint ranges.
 SPLITS = {"train": range(0, 10_000), "valid": range(10_000, 11_000), "test": range(11_000, 12_000)}
@@ -32,8 +34,6 @@ def world_of(spec: dict | None) -> TaskWorld:
     spec = spec or DEFAULT_WORLD
     if spec.get("path"):
         return TaskWorld.open(spec["path"])
-    from ..world import build_world
-
     return TaskWorld.open(build_world(seed=int(spec["seed"]), patients=int(spec["patients"])).path)
 
 
@@ -59,15 +59,11 @@ def dataset_rows(track: str = "action", split: str = "train", *, tasks: str = "a
                  world: dict | None = None, max_turns: int = 12) -> list[dict[str, Any]]:
     """Rows for ``per_family`` instances of every selected family, from the split's seed range."""
     if track != "action":
-        raise ValueError("only the action track has RL rows so far (the QA track comes with its generator)")
+        raise ValueError("only the action track has RL rows so far (QA rows are not built yet)")
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; use {', '.join(SPLITS)}")
-    from ._text import TextEpisode
-
     world = world or DEFAULT_WORLD
     tw = world_of(world)
-    from ..world import world_sha256
-
     sha = world_sha256(tw.path)
     rows = []
     for fam in select(tasks):

@@ -47,7 +47,7 @@ def _act(agent, task: AgentTask, episode: Episode) -> tuple[AgentResult, str | N
     except INFRASTRUCTURE_ERRORS as exc:
         return AgentResult(None, "error", error=f"{type(exc).__name__}: {exc}"), traceback.format_exc(limit=8)
     except Exception as exc:  # the agent's own bug: its failure, with the reason recorded
-        return (AgentResult(None, "crashed", error=None, crash=f"{type(exc).__name__}: {exc}"),
+        return (AgentResult(None, "crashed", crash=f"{type(exc).__name__}: {exc}"),
                 traceback.format_exc(limit=8))
 
 
