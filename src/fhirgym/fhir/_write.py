@@ -129,6 +129,7 @@ def record(server: ServerCore, rtype: str, rid: str, version: int, method: str, 
 
 
 def store(server: ServerCore, rec: Record) -> None:
+    server.check_time()
     server.store.write([rec])
     server.generation += 1
 
@@ -177,8 +178,10 @@ def delete(server: ServerCore, rtype: str, rid: str, if_match: int | None = None
            deleting: set[tuple[str, str]] | None = None, check_referrers: bool = True) -> Record | None:
     """Delete (a new 'deleted' version). 409 if others reference it, unless cascading.
 
-    ``check_referrers=False``: the caller checks the final state instead (a transaction, whose other
-    entries may drop their references to this resource)."""
+    ``cascade``: every resource that references it, directly or through others, is deleted too, all in
+    one write (the caller's transaction); or nothing is, when that would be more than
+    ``ServerConfig.max_cascade_delete`` resources. ``check_referrers=False``: the caller checks the final
+    state instead (a transaction, whose other entries may drop their references to this resource)."""
     cur = server.store.current(rtype, rid)
     if cur is None or cur[2]:
         if if_match is not None:
@@ -189,23 +192,56 @@ def delete(server: ServerCore, rtype: str, rid: str, if_match: int | None = None
                         "conflict")
     deleting = deleting if deleting is not None else set()
     deleting.add((rtype, rid))
+    doomed = [(rtype, rid, cur[0])]
     if server.config.referential_integrity and check_referrers:
-        referrers = [r for r in server.store.referrers(rtype, rid, limit=1000) if r not in deleting]
-        if referrers and not cascade:
-            names = ", ".join(f"{t}/{i}" for t, i in referrers[:5])
-            more = f" and {len(referrers) - 5} more" if len(referrers) > 5 else ""
-            raise FhirError(
-                409,
-                f"Cannot delete {rtype}/{rid}: it is referenced by {names}{more}. "
-                "Delete those first, or pass _cascade=delete.",
-                "conflict",
-            )
-        for t, i in referrers:
-            if (t, i) not in deleting:
-                delete(server, t, i, cascade=True, deleting=deleting)
-    rec = record(server, rtype, rid, cur[0] + 1, "DELETE", None)
-    store(server, rec)
-    return rec
+        if cascade:
+            doomed += _referrers_closure(server, rtype, rid, deleting)
+        else:
+            referrers = [r for r in server.store.referrers(rtype, rid, limit=1000) if r not in deleting]
+            if referrers:
+                names = ", ".join(f"{t}/{i}" for t, i in referrers[:5])
+                more = f" and {len(referrers) - 5} more" if len(referrers) > 5 else ""
+                raise FhirError(
+                    409,
+                    f"Cannot delete {rtype}/{rid}: it is referenced by {names}{more}. "
+                    "Delete those first, or pass _cascade=delete.",
+                    "conflict",
+                )
+    records = [record(server, t, i, version + 1, "DELETE", None) for t, i, version in doomed]
+    server.check_time()
+    server.store.write(records)
+    server.generation += 1
+    return records[0]
+
+
+def _referrers_closure(server: ServerCore, rtype: str, rid: str, deleting: set[tuple[str, str]]
+                       ) -> list[tuple[str, str, int]]:
+    """(type, id, current version) of every live resource that references rtype/rid, directly or through
+    others, breadth first and without recursion (a chain of any depth); ``deleting`` grows by them.
+    409 beyond ``max_cascade_delete``: a cascade is complete or does not happen."""
+    limit = server.config.max_cascade_delete
+    out: list[tuple[str, str, int]] = []
+    frontier = [(rtype, rid)]
+    while frontier:
+        found = []
+        for t, i in frontier:
+            for ref in server.store.referrers(t, i, limit=None):
+                if ref in deleting:
+                    continue
+                deleting.add(ref)
+                cur = server.store.current(*ref)
+                if cur is None or cur[2]:
+                    continue
+                out.append((*ref, cur[0]))
+                found.append(ref)
+                if len(out) > limit:
+                    raise FhirError(
+                        409, f"Cannot delete {rtype}/{rid} with _cascade=delete: it would delete more than "
+                             f"{limit} other resources (the server's max_cascade_delete; raise it, e.g. "
+                             f"`fhirgym serve --limit max_cascade_delete=N`, or delete the referrers in parts). "
+                             "Nothing was deleted.", "too-costly")
+        frontier = found
+    return out
 
 
 def conditional_match(server: ServerCore, rtype: str, query: str) -> list[str]:
