@@ -15,6 +15,7 @@ disconnects while sending is one log line.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -175,7 +176,8 @@ def run_server(server: FhirServer, host: str, port: int, admin: bool = False, gr
 
     config = uvicorn.Config(create_app(server, admin=admin), host=host, port=port, log_level="warning",
                             timeout_graceful_shutdown=grace + 1)
-    _Server(config).run()
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it handled, as uvicorn.run does
+        _Server(config).run()
 
 
 def _check_path(request: HttpRequest) -> None:
