@@ -2,7 +2,7 @@
 
 Starts ``fhirgym serve`` (default settings, as a user gets them) in a subprocess, then measures the
 latency of ``GET Patient/small`` over HTTP: first alone, then while another client's large transaction
-(``--entries`` new Patients, one request) or batch of searches runs. Also times how long the server takes
+(``--entries`` new Patients, one request) or batch of searches runs (the load is first timed alone). Also times how long the server takes
 to exit on SIGTERM while it is busy. Prints figures; asserts nothing.
 
 ``--src DIR`` serves from another checkout's ``src`` (for a before/after table), e.g. main's code:
@@ -92,6 +92,9 @@ def main() -> None:
                 alone.append(time.perf_counter() - t)
 
             body = load_bundle(args.load, args.entries)
+            t = time.perf_counter()
+            alone_status = web.post("", content=body, headers={"Content-Type": FHIR_JSON}).status_code
+            alone_s = time.perf_counter() - t
             result: dict = {}
 
             def write() -> None:
@@ -129,8 +132,8 @@ def main() -> None:
             proc.wait()
 
     code = args.src or "installed fhirgym"
-    print(f"server code: {code}; load: one {args.load} of {args.entries} entries "
-          f"(answered {result.get('status')} in {result.get('seconds', 0):.1f} s)")
+    print(f"server code: {code}; load: one {args.load} of {args.entries} entries, alone: answered {alone_status} "
+          f"in {alone_s:.1f} s; beside the reads: {result.get('status')} in {result.get('seconds', 0):.1f} s")
     print(f"GET Patient/small alone         {pcts(alone)}")
     print(f"GET Patient/small during load   {pcts(during)}")
     print(f"exit after SIGTERM while busy   {exit_s}")

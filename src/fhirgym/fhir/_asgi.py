@@ -39,6 +39,9 @@ log = logging.getLogger("fhirgym.fhir")
 #: a body over the limit is still read (and dropped) up to this many times the limit, so that the client
 #: sees the 413; a larger one is not worth receiving: the connection is closed after the 413
 _DRAIN_FACTOR = 4
+#: worker threads for requests other than GET: they take turns on the store anyway, and must not take all of
+#: the threads that GETs, which run beside them, need
+_WRITE_THREADS = 4
 
 
 def _render(resp: Response, pretty: bool = False) -> HttpResponse:
@@ -76,6 +79,8 @@ def create_app(server: FhirServer, admin: bool = False) -> Starlette:
             chunks.append(chunk)
         return b"".join(chunks)
 
+    writers: list[anyio.CapacityLimiter] = []
+
     def serve(req: Request, pretty: bool) -> HttpResponse:
         return _render(server.handle(req), pretty)
 
@@ -101,7 +106,11 @@ def create_app(server: FhirServer, admin: bool = False) -> Starlette:
             body=body,
             raw=not pretty,  # orjson serialises the answer: stored JSON is spliced in, not re-parsed
         )
-        return await anyio.to_thread.run_sync(serve, req, pretty)
+        if req.method == "GET":
+            return await anyio.to_thread.run_sync(serve, req, pretty)
+        if not writers:  # made inside the event loop, on the first write
+            writers.append(anyio.CapacityLimiter(_WRITE_THREADS))
+        return await anyio.to_thread.run_sync(serve, req, pretty, limiter=writers[0])
 
     async def admin_op(request: HttpRequest) -> HttpResponse:
         op = request.path_params["op"]

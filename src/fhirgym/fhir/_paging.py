@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import zlib
 from urllib.parse import quote, urlencode
 
 import orjson
@@ -24,8 +23,8 @@ from ._core import ServerCore
 from ._errors import FhirError, bad_request
 from ._store import Store
 
-#: a token longer than this is not one of ours (a URL carries a few kilobytes at most)
-_MAX_TOKEN = 16_384
+#: a token longer than this is not one of ours (URLs of more than a few dozen kilobytes are refused anyway)
+_MAX_TOKEN = 65_536
 
 
 def count(server: ServerCore, requested: int | None) -> int:
@@ -45,9 +44,9 @@ def watermark(store: Store) -> str:
 
 
 def make_token(kind: str, args: list, mark: str) -> str:
-    """The paging token of a request (``kind``: ``s`` search, ``h`` history, ``e`` ``$everything``)."""
-    data = zlib.compress(orjson.dumps([kind, args, mark]), 9)
-    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+    """The paging token of a request (``kind``: ``s`` search, ``h`` history, ``e`` ``$everything``):
+    base64url of its JSON, not compressed (zlib cost 80 µs a search, a fifth of a small one)."""
+    return base64.urlsafe_b64encode(orjson.dumps([kind, args, mark])).decode().rstrip("=")
 
 
 def read_token(token: str) -> tuple[str, list, str]:
@@ -55,14 +54,10 @@ def read_token(token: str) -> tuple[str, list, str]:
     try:
         if len(token) > _MAX_TOKEN:
             raise ValueError("too long")
-        inflate = zlib.decompressobj()
-        data = inflate.decompress(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)), 65_536)
-        if not inflate.eof:  # cut short (its checksum unread) or longer than any request
-            raise ValueError("incomplete")
-        kind, args, mark = orjson.loads(data)
+        kind, args, mark = orjson.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
         if kind not in ("s", "h", "e") or not isinstance(args, list) or not isinstance(mark, str):
             raise ValueError("not a paging token")
-    except (ValueError, TypeError, binascii.Error, zlib.error, orjson.JSONDecodeError):
+    except (ValueError, TypeError, binascii.Error, orjson.JSONDecodeError):
         raise FhirError(410, f"Paging token {token!r} is unknown or has expired; repeat the search",
                         "not-found") from None
     return kind, args, mark

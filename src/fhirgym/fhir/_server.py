@@ -36,7 +36,9 @@ class FhirServer(ServerCore):
             if req.method == "GET" and self.store.concurrent_reads:
                 view = copy.copy(self)
                 view.store = self.store.reader()
-                return self._serve(view, req)
+                resp = self._serve(view, req)
+                self.capability = self.capability or view.capability  # computed once, kept by the server
+                return resp
             with self._lock:
                 return self._serve(self, req)
         finally:

@@ -246,6 +246,10 @@ class Store:
             if durable:
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=NORMAL")
+                # a large transaction spills SQLite's default 2 MB page cache into the WAL mid-way; 64 MB
+                # (allocated as used) keeps it in memory: 4,000 created Patients in one transaction took
+                # 2.4 s of CPU instead of 3.1 (in memory: 2.5)
+                conn.execute("PRAGMA cache_size=-65536")
             else:  # a scratch file (e.g. a world being built, discarded on failure): no journal, no fsync
                 conn.execute("PRAGMA journal_mode=OFF")
                 conn.execute("PRAGMA synchronous=OFF")

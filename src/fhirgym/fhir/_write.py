@@ -195,7 +195,7 @@ def delete(server: ServerCore, rtype: str, rid: str, if_match: int | None = None
     doomed = [(rtype, rid, cur[0])]
     if server.config.referential_integrity and check_referrers:
         if cascade:
-            doomed += _referrers_closure(server, rtype, rid, deleting)
+            doomed = _referrers_closure(server, rtype, rid, cur[0], deleting)
         else:
             referrers = [r for r in server.store.referrers(rtype, rid, limit=1000) if r not in deleting]
             if referrers:
@@ -211,36 +211,40 @@ def delete(server: ServerCore, rtype: str, rid: str, if_match: int | None = None
     server.check_time()
     server.store.write(records)
     server.generation += 1
-    return records[0]
+    return records[-1]
 
 
-def _referrers_closure(server: ServerCore, rtype: str, rid: str, deleting: set[tuple[str, str]]
+def _referrers_closure(server: ServerCore, rtype: str, rid: str, version: int, deleting: set[tuple[str, str]]
                        ) -> list[tuple[str, str, int]]:
-    """(type, id, current version) of every live resource that references rtype/rid, directly or through
-    others, breadth first and without recursion (a chain of any depth); ``deleting`` grows by them.
-    409 beyond ``max_cascade_delete``: a cascade is complete or does not happen."""
+    """(type, id, current version) of rtype/rid and of every live resource that references it, directly or
+    through others: each after what references it (depth first, with a stack of its own, so a chain of
+    any depth is fine); ``deleting`` grows by them. 409 beyond ``max_cascade_delete``: a cascade is complete
+    or does not happen."""
     limit = server.config.max_cascade_delete
     out: list[tuple[str, str, int]] = []
-    frontier = [(rtype, rid)]
-    while frontier:
-        found = []
-        for t, i in frontier:
-            for ref in server.store.referrers(t, i, limit=None):
-                if ref in deleting:
-                    continue
-                deleting.add(ref)
-                cur = server.store.current(*ref)
-                if cur is None or cur[2]:
-                    continue
-                out.append((*ref, cur[0]))
-                found.append(ref)
-                if len(out) > limit:
-                    raise FhirError(
-                        409, f"Cannot delete {rtype}/{rid} with _cascade=delete: it would delete more than "
-                             f"{limit} other resources (the server's max_cascade_delete; raise it, e.g. "
-                             f"`fhirgym serve --limit max_cascade_delete=N`, or delete the referrers in parts). "
-                             "Nothing was deleted.", "too-costly")
-        frontier = found
+    found = 0
+    stack = [((rtype, rid, version), iter(server.store.referrers(rtype, rid, limit=None)))]
+    while stack:
+        node, referrers = stack[-1]
+        for ref in referrers:
+            if ref in deleting:
+                continue
+            cur = server.store.current(*ref)
+            if cur is None or cur[2]:
+                continue
+            deleting.add(ref)
+            found += 1
+            if found > limit:
+                raise FhirError(
+                    409, f"Cannot delete {rtype}/{rid} with _cascade=delete: it would delete more than "
+                         f"{limit} other resources (the server's max_cascade_delete; raise it, e.g. "
+                         f"`fhirgym serve --limit max_cascade_delete=N`, or delete the referrers in parts). "
+                         "Nothing was deleted.", "too-costly")
+            stack.append(((*ref, cur[0]), iter(server.store.referrers(*ref, limit=None))))
+            break
+        else:
+            stack.pop()
+            out.append(node)
     return out
 
 
