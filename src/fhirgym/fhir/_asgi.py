@@ -116,17 +116,21 @@ def create_app(server: FhirServer, admin: bool = False) -> Starlette:
         op = request.path_params["op"]
         if request.method != "POST":
             return _render(Response(405, operation_outcome([Issue("error", "not-supported", "POST only")])))
-        try:
-            if op == "reset":
-                server.store.reset(server.admin_snapshot)
-                return _render(Response(200, operation_outcome([Issue("information", "informational", "reset done")])))
-            if op == "snapshot":
-                server.admin_snapshot = server.store.snapshot()
-                return _render(Response(200, operation_outcome([Issue("information", "informational",
-                                                                      "snapshot taken")])))
-        except (ValueError, RuntimeError) as exc:  # e.g. a file-backed store (--db) has no snapshots
-            return _render(Response(409, operation_outcome([Issue("error", "not-supported", f"{op}: {exc}")])))
-        return _render(Response(404, operation_outcome([Issue("error", "not-found", f"unknown admin operation {op}")])))
+        return _render(await anyio.to_thread.run_sync(admin_action, op))
+
+    def admin_action(op: str) -> Response:
+        """Between requests (under the server's lock), in a worker thread like them."""
+        with server._lock:
+            try:
+                if op == "reset":
+                    server.store.reset(server.admin_snapshot)
+                    return Response(200, operation_outcome([Issue("information", "informational", "reset done")]))
+                if op == "snapshot":
+                    server.admin_snapshot = server.store.snapshot()
+                    return Response(200, operation_outcome([Issue("information", "informational", "snapshot taken")]))
+            except (ValueError, RuntimeError) as exc:  # e.g. a file-backed store (--db) has no snapshots
+                return Response(409, operation_outcome([Issue("error", "not-supported", f"{op}: {exc}")]))
+        return Response(404, operation_outcome([Issue("error", "not-found", f"unknown admin operation {op}")]))
 
     async def not_fhir(request: HttpRequest) -> HttpResponse:
         return _render(
