@@ -93,8 +93,6 @@ class ServerCore:
         self._budget = threading.local()  # the running request's deadline and response bytes, per thread
         self.stopping = False  # set on shutdown: running requests stop at their next check
         store.interrupt = self.past_deadline
-        #: bumped by every write, so a paging token never names a result list of an older state
-        self.generation = 0
         self.capability: dict | None = None
         self.ref_cache: dict[str, tuple[str, str] | None] = {}  # reference string -> local target
         self.admin_snapshot = None  # used only by the optional admin HTTP routes

@@ -131,7 +131,6 @@ def record(server: ServerCore, rtype: str, rid: str, version: int, method: str, 
 def store(server: ServerCore, rec: Record) -> None:
     server.check_time()
     server.store.write([rec])
-    server.generation += 1
 
 
 def create(server: ServerCore, rtype: str, body: dict, rid: str | None = None, pending: set | None = None) -> Record:
@@ -210,7 +209,6 @@ def delete(server: ServerCore, rtype: str, rid: str, if_match: int | None = None
     records = [record(server, t, i, version + 1, "DELETE", None) for t, i, version in doomed]
     server.check_time()
     server.store.write(records)
-    server.generation += 1
     return records[-1]
 
 
