@@ -595,6 +595,15 @@ def _reason_phrase(reason: list[str]) -> str:
             "appointment-cancellation-reason code system.")
 
 
+def _booked_first_hit_is_not(view: View, patient: str, target: str | None) -> bool | None:
+    """The distractor probe of the cancel families: None when the patient has one booked appointment only,
+    else whether the first hit of ``Appointment?patient&status=booked&_sort=date`` (earliest first, stale
+    bookings before now included) is another one than the target."""
+    hits = view.search("Appointment", {"patient": f"Patient/{patient}", "status": "booked", "_sort": "date",
+                                       "_elements": "id"})
+    return None if len(hits) < 2 else hits[0]["id"] != target
+
+
 @register
 class CancelNearestAppointment(Family):
     """The patient's next appointment among several; stale 'booked' ones before now and the
@@ -626,6 +635,10 @@ class CancelNearestAppointment(Family):
         up = _upcoming(w, params["patient_id"], view.now)
         assert up
         return _cancel_gold(w, up[0], params["reason"][0])
+
+    def distractor_probe(self, view: View, params: dict) -> bool | None:
+        up = _upcoming(_world(view), params["patient_id"], view.now) or []
+        return _booked_first_hit_is_not(view, params["patient_id"], up[0].id if up else None)
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         patient = _find_patient(tools, params)
@@ -671,6 +684,9 @@ class CancelWithProvider(Family):
         assert len(match) == 1 and match[0].id == params["appointment_id"]
         return _cancel_gold(w, match[0], params["reason"][0])
 
+    def distractor_probe(self, view: View, params: dict) -> bool | None:
+        return _booked_first_hit_is_not(view, params["patient_id"], params["appointment_id"])
+
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         patient = _find_patient(tools, params)
         prac, _ = _find_doctor(tools, params)
@@ -714,6 +730,11 @@ class CancelMondayAppointment(Family):
         monday = [a for a in up if a.at and a.at.weekday() == 0]
         assert len(monday) == 1
         return _cancel_gold(w, monday[0], None)
+
+    def distractor_probe(self, view: View, params: dict) -> bool | None:
+        up = _upcoming(_world(view), params["patient_id"], view.now) or []
+        monday = next((a.id for a in up if a.at and a.at.weekday() == 0), None)
+        return _booked_first_hit_is_not(view, params["patient_id"], monday)
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         patient = _find_patient(tools, params)

@@ -412,6 +412,14 @@ class EarliestMatchingDoctorSlot(Family):
         (slot,) = _first_free(f, docs, view.now)
         return Gold(answer={"slot_id": slot.id, "start": slot.start})
 
+    def distractor_probe(self, view: View, params: dict) -> bool | None:
+        """Whether the first doctor of the plain search by language (``Practitioner?communication:text``) is a
+        near miss rather than the doctor meeting every criterion (None: the language alone picks one)."""
+        hits = view.search("Practitioner", {"communication:text": params["language_name"], "active": "true",
+                                            "_elements": "id"})
+        target = next(d.pid for d in _facts(view).docs if self._matches(d, params))
+        return None if len(hits) < 2 else hits[0]["id"] != target
+
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         query = {"communication:text": params["language_name"], "active": "true", "_elements": "name,communication"}
         if params["gender"]:
