@@ -3,6 +3,7 @@
 This is the only layer that reads HL7's package; every other layer asks it.
 """
 
+from . import codes
 from ._model import ElementDef, SearchParam, SearchParamComponent, Spec, build_spec, load_spec
 from ._package import SpecUnavailable, cache_dir, file_sha256, package_path
 
@@ -13,6 +14,7 @@ __all__ = [
     "Spec",
     "SpecUnavailable",
     "build_spec",
+    "codes",
     "cache_dir",
     "file_sha256",
     "load_spec",

@@ -14,7 +14,6 @@ import hashlib
 import random
 import threading
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from functools import cached_property
@@ -225,15 +224,63 @@ def register(cls: type[Family]) -> type[Family]:
     return cls
 
 
-#: what registers families on first use (``_builtin`` adds the built-in library): the registry
-#: imports no family module, so family modules may import it
-LOADERS: list[Callable[[], object]] = []
+#: The entry-point group through which installed packages add task families; fhirgym's own library is
+#: listed there too (pyproject.toml), so the registry knows no family module by name.
+ENTRY_POINT_GROUP = "fhirgym.tasks"
+_entry_points_loaded = False
+
+
+class FamiliesUnavailable(RuntimeError):
+    """A module of task families could not be loaded, or added no family."""
+
+
+def load_families(*modules: str) -> list[Family]:
+    """Import each module (``pkg.module``); its ``@register`` classes join the registry. Returns the
+    families they hold, in the registry's order. A module that cannot be imported or holds no family is
+    an error, never skipped."""
+    import importlib
+
+    families()  # the installed ones first: an outside id that repeats one of them is then refused
+    found: list[Family] = []
+    for name in modules:
+        try:
+            module = importlib.import_module(name)
+        except Exception as exc:
+            raise FamiliesUnavailable(f"cannot import task families from {name!r}: {exc}") from exc
+        mine = [f for f in _REGISTRY.values() if type(f).__module__ == module.__name__]
+        if not mine:
+            raise FamiliesUnavailable(f"module {name!r} registers no task family (decorate them with @register)")
+        found += [f for f in mine if f not in found]
+    return sorted(found, key=_order)
+
+
+def _load_entry_points() -> None:
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    from importlib.metadata import entry_points
+
+    eps = list(entry_points(group=ENTRY_POINT_GROUP))
+    if not any(ep.value.startswith("fhirgym.tasks.") for ep in eps):
+        raise FamiliesUnavailable(f"no {ENTRY_POINT_GROUP!r} entry points of fhirgym's own library: its "
+                                  "installed metadata is stale (reinstall it: pip install -e .)")
+    for ep in sorted(eps, key=lambda e: e.value):
+        try:
+            ep.load()  # the module's @register fills the registry
+        except Exception as exc:
+            raise FamiliesUnavailable(f"entry point {ep.name} = {ep.value} failed to load: {exc}") from exc
+    _entry_points_loaded = True
+
+
+def _order(f: Family) -> tuple:
+    return (CATEGORIES.index(f.category), f.id)
 
 
 def families() -> list[Family]:
-    while LOADERS:
-        LOADERS.pop(0)()
-    return sorted(_REGISTRY.values(), key=lambda f: (CATEGORIES.index(f.category), f.id))
+    """Every registered family: fhirgym's library and every installed package's (entry points), plus any
+    loaded with :func:`load_families`."""
+    _load_entry_points()
+    return sorted(_REGISTRY.values(), key=_order)
 
 
 def get_family(task_id: str) -> Family:

@@ -25,8 +25,8 @@ import orjson
 
 from ..tools import Toolbox, ToolCall
 from ._answer import NOT_FOUND, AnswerSpec, render
-from ._expect import Check, ref_key, values
 from ._family import Instance, Verdict
+from .checks import Check, ref_key, values
 
 WRITES = ("createResource", "updateResource")
 NA = object()  # an edit's answer: "this write offers nothing to mutate", try the next one

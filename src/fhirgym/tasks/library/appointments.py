@@ -32,11 +32,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import TypeVar
 
+from ...spec.codes import SNOMED
 from ...tools import Toolbox
-from .._answer import parse_instant
-from .._expect import Check, Expect, coded, custom, eq, on_day, ref, ref_key, refs_exactly
-from .._family import Family, Gold, View, register
-from ._common import SNOMED, deal, full_name, human_date, official_name
+from .. import Expect, Family, Gold, View, parse_instant, register
+from ..checks import Check, coded, custom, eq, on_day, ref, ref_key, refs_exactly
+from ..draw import deal, human_date
+from ..facts import full_name, official_name
 
 T = TypeVar("T")
 CANCEL_REASON = "http://terminology.hl7.org/CodeSystem/appointment-cancellation-reason"

@@ -14,22 +14,12 @@ from datetime import date, datetime, timedelta
 
 from ...tools import Toolbox
 from ...world import EMPLOYERS, INSURERS
-from .._answer import NOT_FOUND, AnswerSpec, Field
-from .._expect import Check, Expect, coded, custom, eq, on_day, ref, ref_key, refs_exactly
-from .._family import Family, Gold, View, register
-from ._common import EitherWay, deal, full_name, human_date, living_patients, official_name, pick
-from .records import (
-    READ_ONLY,
-    ROLE_CODE,
-    all_patients,
-    find_patient,
-    new_name,
-    new_phone,
-    phone_check,
-    pronoun,
-    random_birth,
-    unique_patient,
-)
+from .. import NOT_FOUND, AnswerSpec, Expect, Family, Field, Gold, View, register
+from ..checks import Check, coded, custom, eq, on_day, phone_check, ref, ref_key, refs_exactly
+from ..draw import EitherWay, deal, human_date, new_name, new_phone, pick, pronoun, random_birth
+from ..facts import all_patients, full_name, living_patients, official_name, unique_patient
+from ..solve import find_patient
+from .records import READ_ONLY, ROLE_CODE
 
 ACT_CODE = "http://terminology.hl7.org/CodeSystem/v3-ActCode"
 SUBSCRIBER_REL = "http://terminology.hl7.org/CodeSystem/subscriber-relationship"

@@ -32,22 +32,12 @@ from datetime import UTC, date, datetime, timedelta
 import orjson
 
 from ...fhir import FhirServer, InProcessClient
+from ...spec.codes import LOINC, RXNORM, SNOMED, UCUM
 from ...tools import Toolbox
-from .._answer import NOT_FOUND, AnswerSpec, Field
-from .._expect import Check, Expect, coded, custom, eq, instant, on_day, ref, values
-from .._family import Family, Gold, View, register
-from ._common import (
-    LOINC,
-    RXNORM,
-    SNOMED,
-    UCUM,
-    deal,
-    deal_by_gold,
-    human_date,
-    negative_seed,
-    official_name,
-    pick,
-)
+from .. import NOT_FOUND, AnswerSpec, Expect, Family, Field, Gold, View, register
+from ..checks import Check, coded, custom, eq, instant, on_day, ref, values
+from ..draw import deal, deal_by_gold, human_date, negative_seed, pick
+from ..facts import official_name
 
 READ_ONLY = ("createResource", "updateResource", "deleteResource")
 MRN_SYSTEM = "http://hospital.smarthealthit.org"

@@ -15,12 +15,13 @@ import random
 from collections import Counter
 from datetime import UTC, date, datetime, timedelta
 
+from ...spec.codes import LOINC, SNOMED
 from ...tools import Toolbox
 from ...world import INDICATIONS, SURGERIES
-from .._answer import NOT_FOUND, AnswerSpec, Field, answer_text, parse_instant
-from .._expect import Check, Expect, coded, custom, eq, on_day, ref, ref_key, refs_exactly, values
-from .._family import Family, Gold, View, register
-from ._common import LOINC, SNOMED, EitherWay, full_name, human_date, pick
+from .. import NOT_FOUND, AnswerSpec, Expect, Family, Field, Gold, View, answer_text, parse_instant, register
+from ..checks import Check, coded, custom, eq, on_day, ref, ref_key, refs_exactly, values
+from ..draw import EitherWay, human_date, pick
+from ..facts import full_name
 
 READ_ONLY = ("createResource", "updateResource", "deleteResource")
 V2_0074 = "http://terminology.hl7.org/CodeSystem/v2-0074"

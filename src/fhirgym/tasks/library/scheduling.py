@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 
 from ...tools import Toolbox
-from .._answer import NOT_FOUND, AnswerSpec, Field, answer_text
-from .._family import Family, Gold, View, register
-from ._common import deal, deal_by_gold, full_name, human_date, negative_seed
+from .. import NOT_FOUND, AnswerSpec, Family, Field, Gold, View, answer_text, register
+from ..draw import deal, deal_by_gold, human_date, negative_seed
+from ..facts import full_name
 
 READ_ONLY = ("createResource", "updateResource", "deleteResource")
 HOLDING = frozenset({"booked", "arrived", "fulfilled", "noshow", "checked-in"})

@@ -1,53 +1,31 @@
-"""Helpers shared by the task families: cached world facts, names, references and prompt phrases.
-
-Everything here reads the world through a :class:`~fhirgym.tasks.View` (gold side) and is cached per
-world file, so sampling an instance costs microseconds after the first one.
-"""
+"""Drawing an instance from its seed: fair dealing of candidates, "nothing found" seeds, new people,
+and the way people write dates in requests."""
 
 from __future__ import annotations
 
 import hashlib
 import random
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 from typing import ClassVar
 
-from .._family import Family, Gold, View
+from ._family import Family, Gold, View
+from .facts import taken_names
 
-SNOMED = "http://snomed.info/sct"
-LOINC = "http://loinc.org"
-UCUM = "http://unitsofmeasure.org"
-RXNORM = "http://www.nlm.nih.gov/research/umls/rxnorm"
-
-
-def official_name(resource: dict) -> dict:
-    names = resource.get("name") or [{}]
-    return next((n for n in names if n.get("use") == "official"), names[0])
-
-
-def full_name(resource: dict) -> str:
-    """'Given Family' without prefixes (what a clinician would type)."""
-    n = official_name(resource)
-    return " ".join([*(n.get("given") or [])[:1], n.get("family", "")]).strip()
-
-
-def living_patients(view: View) -> list[dict]:
-    """Patients of the world (base only, cached), alive, with a name and birth date, sorted by id."""
-    def compute() -> list[dict]:
-        pats = view.search("Patient", {"_count": "1000", "_elements": "name,birthDate,gender,deceased,identifier,address"})
-        return sorted((p for p in pats if p.get("birthDate") and p.get("name")
-                       and "deceasedDateTime" not in p and not p.get("deceasedBoolean")), key=lambda p: p["id"])
-    return view.cached("living_patients", compute)
-
-
-def unique_name_patients(view: View) -> list[dict]:
-    """Living patients whose given+family name no other patient shares (a name alone identifies them)."""
-    def compute() -> list[dict]:
-        every = view.search("Patient", {"_count": "1000", "_elements": "name"})
-        counts: dict[str, int] = {}
-        for p in every:
-            counts[full_name(p).lower()] = counts.get(full_name(p).lower(), 0) + 1
-        return [p for p in living_patients(view) if counts.get(full_name(p).lower()) == 1]
-    return view.cached("unique_name_patients", compute)
+FEMALE_GIVEN = ("Abigail", "Beatrice", "Camille", "Delphine", "Eloise", "Fiona", "Greta", "Harriet", "Imogen",
+                "Josephine", "Katarina", "Lorena", "Marisol", "Nadine", "Odette", "Priscilla", "Rosalind",
+                "Sabine", "Tamsin", "Ursula", "Valentina", "Wilhelmina", "Yolanda", "Zinnia")
+MALE_GIVEN = ("Ambrose", "Barnaby", "Cornelius", "Desmond", "Evander", "Fitzgerald", "Gideon", "Horatio",
+              "Ignatius", "Jasper", "Leopold", "Mortimer", "Nikolai", "Oswald", "Percival", "Quentin",
+              "Rupert", "Sebastian", "Thaddeus", "Ulysses", "Vincenzo", "Winston", "Xavier", "Zebedee")
+FAMILY_NAMES = ("Ashworth", "Blackwood", "Castellano", "Dunmore", "Everly", "Fairbanks", "Galloway",
+                "Hargreaves", "Iverson", "Kettleborough", "Lindqvist", "Marchetti", "Northcott", "Okonkwo",
+                "Pemberton", "Quigley", "Rasmussen", "Saltonstall", "Thistlewood", "Underhill", "Vasquez-Moreno",
+                "Whitcombe", "Yardley", "Zielinski")
+STREETS = ("Elm Street", "Maple Avenue", "Chestnut Street", "Harbor View Road", "Pleasant Street",
+           "Washington Street", "Orchard Lane", "Beacon Street", "Summer Street", "Prospect Hill Road")
+TOWNS = (("Boston", "02118"), ("Cambridge", "02139"), ("Worcester", "01608"), ("Lowell", "01852"),
+         ("Springfield", "01103"), ("Quincy", "02169"), ("Somerville", "02144"), ("Salem", "01970"))
+AREA_CODES = ("617", "508", "781", "978", "413")
 
 
 def negative_seed(view: View) -> bool:
@@ -111,6 +89,26 @@ def pick(rng: random.Random, items: list):
     return items[rng.randrange(len(items))] if items else None
 
 
+def new_name(view: View, rng: random.Random, gender: str, family: str | None = None) -> tuple[str, str] | None:
+    """A (given, family) nobody in the world has; ``family`` fixed if given. None if the draw collides."""
+    given = rng.choice(FEMALE_GIVEN if gender == "female" else MALE_GIVEN)
+    family = family or rng.choice(FAMILY_NAMES)
+    return None if (given.casefold(), family.casefold()) in taken_names(view) else (given, family)
+
+
+def new_phone(rng: random.Random) -> str:
+    return f"{rng.choice(AREA_CODES)}-555-01{rng.randrange(100):02d}"
+
+
+def random_birth(rng: random.Random, lo: date, hi: date) -> date:
+    return lo + timedelta(days=rng.randrange((hi - lo).days))
+
+
+def pronoun(gender: str | None) -> str:
+    """The possessive a clerk would write for a person of this gender."""
+    return {"female": "her", "male": "his"}.get(gender or "", "their")
+
+
 def human_date(d: date | str) -> str:
     """'March 4, 1961' — how people write dates in requests."""
     d = date.fromisoformat(d) if isinstance(d, str) else d
@@ -119,7 +117,3 @@ def human_date(d: date | str) -> str:
 
 def human_time(t: datetime) -> str:
     return t.strftime("%H:%M")
-
-
-def patient_ref(p: dict) -> str:
-    return f"Patient/{p['id']}"
