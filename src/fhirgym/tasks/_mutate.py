@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from ..spec.codes import CONFIDENTIALITY, CVX, LOINC, RXNORM, SNOMED
 from ..tools import Toolbox, ToolCall
 from ._answer import NOT_FOUND, AnswerSpec, render
 from ._family import Instance, Verdict
@@ -166,9 +167,8 @@ def _checks(inst: Instance, rtype: str, kind: str) -> list[Check]:
 
 
 #: Real codes of another meaning, per system: what an agent that codes two concepts at once adds.
-_RIVAL_CODES = {"http://snomed.info/sct": ("22298006", "38341003"), "http://loinc.org": ("2345-7", "718-7"),
-                "http://www.nlm.nih.gov/research/umls/rxnorm": ("197361", "310965"),
-                "http://hl7.org/fhir/sid/cvx": ("140", "08")}
+_RIVAL_CODES = {SNOMED: ("22298006", "38341003"), LOINC: ("2345-7", "718-7"), RXNORM: ("197361", "310965"),
+                CVX: ("140", "08")}
 
 
 def _add_wrong_code(inst: Instance) -> Callable:
@@ -250,7 +250,7 @@ def _add_security_label(box: Toolbox, name: str, args: dict) -> dict | None:
         return NA
     meta = args["body"].setdefault("meta", {})
     meta["security"] = [*meta.get("security", []), {
-        "system": "http://terminology.hl7.org/CodeSystem/v3-Confidentiality", "code": "R"}]
+        "system": CONFIDENTIALITY, "code": "R"}]
     return args
 
 

@@ -260,3 +260,11 @@ def phone_check(phone: str) -> Check:
         ok = any(digits(g)[-10:] == want and len(digits(g)) in (10, 11) for g in got)
         return None if ok else f"telecom phones are {got or 'missing'}, expected {phone}"
     return custom("telecom", f"telecom has phone {phone}", fn)
+
+
+def ref_id(value: Any, rtype: str | None = None) -> str:
+    """The id a reference (dict or string) points to; "" when there is none, or it is not of ``rtype``."""
+    key = ref_key(value)
+    if not key or (rtype is not None and not key.startswith(rtype + "/")):
+        return ""
+    return key.split("/", 1)[1]

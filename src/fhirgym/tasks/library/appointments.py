@@ -32,17 +32,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import TypeVar
 
-from ...spec.codes import SNOMED
+from ...spec.codes import APPOINTMENT_TYPE, CANCELLATION_REASON, PARTICIPATION_TYPE, SNOMED
 from ...tools import Toolbox
 from .. import Expect, Family, Gold, View, parse_instant, register
-from ..checks import Check, coded, custom, eq, on_day, ref, ref_key, refs_exactly
+from ..checks import Check, coded, custom, eq, on_day, ref, ref_id, ref_key, refs_exactly
 from ..draw import deal, human_date
 from ..facts import full_name, official_name
+from ..solve import read, search, update
 
 T = TypeVar("T")
-CANCEL_REASON = "http://terminology.hl7.org/CodeSystem/appointment-cancellation-reason"
-APPOINTMENT_TYPE = "http://terminology.hl7.org/CodeSystem/v2-0276"
-PARTICIPATION = "http://terminology.hl7.org/CodeSystem/v3-ParticipationType"
 PEDIATRICS, GENERAL, OBGYN = "394537008", "394814009", "394585009"  # SNOMED specialty codes
 HOLDING = frozenset({"booked", "arrived", "fulfilled", "noshow", "checked-in"})
 #: Cancellation reasons a caller would give (code, display).
@@ -110,8 +108,7 @@ def _dt(text: str) -> datetime:
 
 
 def _id(reference: object, rtype: str) -> str | None:
-    key = ref_key(reference)
-    return key.split("/", 1)[1] if key and key.startswith(rtype + "/") else None
+    return ref_id(reference, rtype) or None
 
 
 def _actor(resource: dict, rtype: str) -> str | None:
@@ -381,7 +378,7 @@ def _slot_to(slot_id: str, status: str) -> Expect:
 
 def _cancel_gold(w: _World, appt: _Appt, reason: str | None) -> Gold:
     checks: tuple[Check, ...] = (eq("status", "cancelled"), _participants(None, None, False),
-                                 coded("cancelationReason", CANCEL_REASON, reason) if reason
+                                 coded("cancelationReason", CANCELLATION_REASON, reason) if reason
                                  else _may_set("cancelationReason"))
     slot = w.slot_by_id.get(appt.slot or "")
     assert slot is not None and slot.status == "busy", appt.id
@@ -391,26 +388,16 @@ def _cancel_gold(w: _World, appt: _Appt, reason: str | None) -> Gold:
 
 # -- the reference solution's steps (tools only, from what the prompt says) -------------------------------
 
-def _out(tools: Toolbox, name: str, args: dict) -> dict:
-    call = tools.call(name, args)
-    return call.output if isinstance(call.output, dict) else {}
 
 
-def _search(tools: Toolbox, rtype: str, params: dict) -> list[dict]:
-    return _out(tools, "searchResources", {"resourceType": rtype, "params": params}).get("resources", [])
 
 
-def _read(tools: Toolbox, rtype: str, rid: str) -> dict:
-    return _out(tools, "getResourceById", {"resourceType": rtype, "resourceId": rid})
 
 
-def _update(tools: Toolbox, resource: dict) -> None:
-    tools.call("updateResource", {"resourceType": resource["resourceType"], "resourceId": resource["id"],
-                                  "body": resource})
 
 
 def _find_patient(tools: Toolbox, params: dict) -> str:
-    found = _search(tools, "Patient", {"family": params["family"], "given": params["given"],
+    found = search(tools, "Patient", {"family": params["family"], "given": params["given"],
                                        "birthdate": params["birth"]})
     return next(p["id"] for p in found if full_name(p) == params["name"])
 
@@ -420,14 +407,14 @@ def _find_doctor(tools: Toolbox, params: dict) -> tuple[str, str]:
     shared: by specialty or by city)."""
     given, family, hint = params["doc_given"], params["doc_family"], params["doc_hint"]
     found = []
-    for p in _search(tools, "Practitioner", {"given": given, "family": family, "active": "true"}):
+    for p in search(tools, "Practitioner", {"given": given, "family": family, "active": "true"}):
         n = official_name(p)
         if (n.get("given") or [""])[0] == given and n.get("family") == family:
             found.append(p)
     if "city" in hint:
         found = [p for p in found if any(a.get("city") == hint["city"] for a in p.get("address", []))]
     for p in found:
-        for s in _search(tools, "Schedule", {"actor": f"Practitioner/{p['id']}", "active": "true"}):
+        for s in search(tools, "Schedule", {"actor": f"Practitioner/{p['id']}", "active": "true"}):
             texts = [c.get("text") for c in s.get("specialty", [])]
             if "specialty" not in hint or hint["specialty"] in texts:
                 return p["id"], s["id"]
@@ -441,15 +428,15 @@ def _first_free(tools: Toolbox, schedule: str, at_or_after: str, before: str | N
                     "_sort": "start", "_count": "40", "_elements": "start,end,appointmentType"}
     if before:
         params["start"].append(f"lt{before}")
-    return next((s for s in _search(tools, "Slot", params)
+    return next((s for s in search(tools, "Slot", params)
                  if not _urgent(s) and s["start"][:10] not in skip_days), None)
 
 
 def _slot_at(tools: Toolbox, schedule: str, start: str) -> dict:
     end = _z(_dt(start) + timedelta(minutes=1))
-    found = _search(tools, "Slot", {"schedule": f"Schedule/{schedule}", "status": "free",
+    found = search(tools, "Slot", {"schedule": f"Schedule/{schedule}", "status": "free",
                                     "start": [f"ge{start}", f"lt{end}"]})
-    return _read(tools, "Slot", found[0]["id"])
+    return read(tools, "Slot", found[0]["id"])
 
 
 def _patient_appointments(tools: Toolbox, patient: str, status: str, since: datetime | None) -> list[dict]:
@@ -457,7 +444,7 @@ def _patient_appointments(tools: Toolbox, patient: str, status: str, since: date
                     "_elements": "status,start,end,slot,participant"}
     if since is not None:
         params["date"] = f"gt{_z(since)}"
-    return _search(tools, "Appointment", params)
+    return search(tools, "Appointment", params)
 
 
 def _with(appts: list[dict], practitioner: str) -> list[dict]:
@@ -465,24 +452,24 @@ def _with(appts: list[dict], practitioner: str) -> list[dict]:
 
 
 def _book(tools: Toolbox, slot_id: str, patient: str, practitioner: str) -> None:
-    slot = _read(tools, "Slot", slot_id)
+    slot = read(tools, "Slot", slot_id)
     tools.call("createResource", {"resourceType": "Appointment", "body": {
         "resourceType": "Appointment", "status": "booked", "slot": [{"reference": f"Slot/{slot_id}"}],
         "start": slot["start"], "end": slot["end"], "minutesDuration": 30,
         "participant": [{"actor": {"reference": f"Patient/{patient}"}, "status": "accepted"},
                         {"actor": {"reference": f"Practitioner/{practitioner}"}, "status": "accepted"}]}})
-    _update(tools, {**slot, "status": "busy"})
+    update(tools, {**slot, "status": "busy"})
 
 
 def _cancel(tools: Toolbox, appt_id: str, reason: list[str] | None) -> None:
-    appt = _read(tools, "Appointment", appt_id)
+    appt = read(tools, "Appointment", appt_id)
     appt["status"] = "cancelled"
     if reason:
-        appt["cancelationReason"] = {"coding": [{"system": CANCEL_REASON, "code": reason[0],
+        appt["cancelationReason"] = {"coding": [{"system": CANCELLATION_REASON, "code": reason[0],
                                                  "display": reason[1]}]}
-    _update(tools, appt)
+    update(tools, appt)
     slot_id = _id(appt["slot"][0], "Slot") or ""
-    _update(tools, {**_read(tools, "Slot", slot_id), "status": "free"})
+    update(tools, {**read(tools, "Slot", slot_id), "status": "free"})
 
 
 # -- booking -----------------------------------------------------------------------------------------------
@@ -863,20 +850,20 @@ class WaitlistToSlot(Family):
         patient = _find_patient(tools, params)
         prac, sched = _find_doctor(tools, params)
         entry = _with(_patient_appointments(tools, patient, "waitlist", None), prac)[0]
-        appt = _read(tools, "Appointment", entry["id"])
+        appt = read(tools, "Appointment", entry["id"])
         period = appt["requestedPeriod"][0]
         lo = max(_z(now), period["start"][:10] + "T00:00:00Z")
         hi = (date.fromisoformat(period["end"][:10]) + timedelta(days=1)).isoformat()
         taken = frozenset(a["start"][:10] for a in _patient_appointments(tools, patient, "booked", None))
         found = _first_free(tools, sched, lo, hi, taken)
         assert found is not None
-        slot = _read(tools, "Slot", found["id"])
+        slot = read(tools, "Slot", found["id"])
         appt.update(status="booked", slot=[{"reference": f"Slot/{slot['id']}"}], start=slot["start"],
                     end=slot["end"])
         for p in appt["participant"]:
             p["status"] = "accepted"
-        _update(tools, appt)
-        _update(tools, {**slot, "status": "busy"})
+        update(tools, appt)
+        update(tools, {**slot, "status": "busy"})
         return f"Booked the waitlisted appointment into the slot at {slot['start']}."
 
 
@@ -915,9 +902,9 @@ class RemoveFromWaitlist(Family):
         patient = _find_patient(tools, params)
         prac, _ = _find_doctor(tools, params)
         entry = _with(_patient_appointments(tools, patient, "waitlist", None), prac)[0]
-        appt = _read(tools, "Appointment", entry["id"])
+        appt = read(tools, "Appointment", entry["id"])
         appt["status"] = "cancelled"
-        _update(tools, appt)
+        update(tools, appt)
         return "Took the patient off the waitlist."
 
 
@@ -1014,7 +1001,7 @@ class RescheduleNextMonday(Family):
                 "participant": [
                     {"actor": {"reference": f"Patient/{params['patient_id']}", "display": params["name"]},
                      "required": "required", "status": "accepted"},
-                    {"type": [{"coding": [{"system": PARTICIPATION, "code": "PPRF",
+                    {"type": [{"coding": [{"system": PARTICIPATION_TYPE, "code": "PPRF",
                                            "display": "primary performer"}]}],
                      "actor": {"reference": f"Practitioner/{doc['id']}", "display": doc["name"]},
                      "required": "required", "status": "accepted"}]}
@@ -1047,14 +1034,14 @@ class RescheduleNextMonday(Family):
         prac, sched = _find_doctor(tools, params)
         entry = next(a for a in _with(_patient_appointments(tools, patient, "booked", now), prac)
                      if a["start"][:10] == params["day"])
-        appt = _read(tools, "Appointment", entry["id"])
+        appt = read(tools, "Appointment", entry["id"])
         monday, _ = _next_monday(now)
         new = _slot_at(tools, sched, _z(datetime.combine(monday, _dt(appt["start"]).time(), tzinfo=UTC)))
         old_id = _id(appt["slot"][0], "Slot") or ""
         appt.update(slot=[{"reference": f"Slot/{new['id']}"}], start=new["start"], end=new["end"])
-        _update(tools, appt)
-        _update(tools, {**_read(tools, "Slot", old_id), "status": "free"})
-        _update(tools, {**new, "status": "busy"})
+        update(tools, appt)
+        update(tools, {**read(tools, "Slot", old_id), "status": "free"})
+        update(tools, {**new, "status": "busy"})
         return f"Moved the appointment to {new['start']}."
 
 
@@ -1117,21 +1104,21 @@ class RescheduleOtherProvider(Family):
         prac, sched = _find_doctor(tools, params)
         entry = next(a for a in _with(_patient_appointments(tools, patient, "booked", now), prac)
                      if a["start"] == params["at"])
-        appt = _read(tools, "Appointment", entry["id"])
+        appt = read(tools, "Appointment", entry["id"])
         old_id = _id(appt["slot"][0], "Slot") or ""
         end = _z(_dt(params["at"]) + timedelta(minutes=1))
-        candidates = _search(tools, "Slot", {"specialty": appt["specialty"][0]["coding"][0]["code"],
+        candidates = search(tools, "Slot", {"specialty": appt["specialty"][0]["coding"][0]["code"],
                                              "status": "free", "start": [f"ge{params['at']}", f"lt{end}"]})
-        new = _read(tools, "Slot", next(s["id"] for s in candidates
+        new = read(tools, "Slot", next(s["id"] for s in candidates
                                         if _id(s["schedule"], "Schedule") != sched))
-        schedule = _read(tools, "Schedule", _id(new["schedule"], "Schedule") or "")
+        schedule = read(tools, "Schedule", _id(new["schedule"], "Schedule") or "")
         new_prac = next(i for a in schedule["actor"] if (i := _id(a, "Practitioner")))
         for p in appt["participant"]:
             if _id(p.get("actor"), "Practitioner") == prac:
                 p["actor"] = {"reference": f"Practitioner/{new_prac}"}
                 p["status"] = "accepted"
         appt["slot"] = [{"reference": f"Slot/{new['id']}"}]
-        _update(tools, appt)
-        _update(tools, {**_read(tools, "Slot", old_id), "status": "free"})
-        _update(tools, {**new, "status": "busy"})
+        update(tools, appt)
+        update(tools, {**read(tools, "Slot", old_id), "status": "free"})
+        update(tools, {**new, "status": "busy"})
         return f"Moved the appointment to Dr. (Practitioner/{new_prac}) at the same time."

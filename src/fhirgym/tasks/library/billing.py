@@ -12,18 +12,16 @@ import random
 from collections.abc import Callable
 from datetime import date, datetime, timedelta
 
+from ...spec.codes import ACT_CODE, COVERAGE_CLASS, IDENTIFIER_TYPE, ROLE_CODE, SUBSCRIBER_RELATIONSHIP
 from ...tools import Toolbox
 from ...world import EMPLOYERS, INSURERS
-from .. import NOT_FOUND, AnswerSpec, Expect, Family, Field, Gold, View, register
-from ..checks import Check, coded, custom, eq, on_day, phone_check, ref, ref_key, refs_exactly
+from .. import NOT_FOUND, AnswerSpec, Expect, Family, Field, Gold, View, answer_text, register
+from ..checks import Check, coded, custom, eq, on_day, phone_check, ref, ref_id, ref_key, refs_exactly
 from ..draw import EitherWay, deal, human_date, new_name, new_phone, pick, pronoun, random_birth
 from ..facts import all_patients, full_name, living_patients, official_name, unique_patient
 from ..solve import find_patient
-from .records import READ_ONLY, ROLE_CODE
+from .records import READ_ONLY
 
-ACT_CODE = "http://terminology.hl7.org/CodeSystem/v3-ActCode"
-SUBSCRIBER_REL = "http://terminology.hl7.org/CodeSystem/subscriber-relationship"
-COVERAGE_CLASS = "http://terminology.hl7.org/CodeSystem/coverage-class"
 #: v3-RoleCode relationship -> (word, gender)
 RELATION = {"MTH": ("mother", "female"), "FTH": ("father", "male"), "SPS": ("spouse", "")}
 PRIVATE = tuple(i for i in INSURERS if not i.public)
@@ -32,9 +30,6 @@ MEMBER_PREFIX = {"Aetna": "W", "Blue Cross Blue Shield": "XYZ", "UnitedHealthcar
 
 # -- cached world facts (base world only; gold re-reads the pre-run state) ------------------------------
 
-def _ref_id(value: object) -> str:
-    key = ref_key(value)
-    return key.split("/", 1)[1] if key else ""
 
 
 def _code(concept: object) -> str | None:
@@ -54,7 +49,7 @@ def billing_facts(view: View) -> dict[str, dict[str, list[dict]]]:
                                      ("related", "RelatedPerson", "patient")):
             for res in view.search(rtype, {"_count": "1000"}):
                 target = res.get(element)
-                for pid in {_ref_id(t) for t in (target if isinstance(target, list) else [target])}:
+                for pid in {ref_id(t) for t in (target if isinstance(target, list) else [target])}:
                     out[kind].setdefault(pid, []).append(res)
                 if rtype == "RelatedPerson":
                     out["related_id"][res["id"]] = [res]
@@ -183,7 +178,7 @@ class AddCoverage(Family):
         existing = set(billing_facts(view)["related_id"])
         payor = ref("payor", f"Organization/{insurers[0]}") if len(insurers) == 1 else custom(
             "payor", f"payor → one of {insurers}",
-            lambda a, b: None if {_ref_id(x) for x in a.get("payor") or []} & set(insurers) else "wrong payor")
+            lambda a, b: None if {ref_id(x) for x in a.get("payor") or []} & set(insurers) else "wrong payor")
         return Gold(expects=[
             Expect("create", "RelatedPerson", checks=(
                 ref("patient", patient),
@@ -225,7 +220,7 @@ class AddCoverage(Family):
             "resourceType": "Coverage", "status": "active",
             "subscriber": {"reference": f"RelatedPerson/{created.get('id')}", "display": rp_name},
             "subscriberId": params["member"], "beneficiary": pref,
-            "relationship": {"coding": [{"system": SUBSCRIBER_REL, "code": params["relationship"]}]},
+            "relationship": {"coding": [{"system": SUBSCRIBER_RELATIONSHIP, "code": params["relationship"]}]},
             "period": {"start": params["start"]},
             "payor": [{"reference": f"Organization/{insurer['id']}", "display": params["insurer"]}],
             "class": [
@@ -251,18 +246,18 @@ def _coverage_prompt(params: dict) -> str:
 def _solve_coverage(tools: Toolbox, params: dict) -> str:
     patient = find_patient(tools, params["name"], params["birth_date"])
     if patient is None:
-        return '<answer>{"found": false}</answer>'
+        return answer_text(NOT_FOUND)
     out = tools.call("searchResources", {"resourceType": "Coverage", "params": {
         "beneficiary": f"Patient/{patient['id']}", "status": "active"}}).output or {}
     covs = sorted(out.get("resources", []), key=lambda c: c.get("order", 99))
     if not covs:
-        return '<answer>{"found": false}</answer>'
+        return answer_text(NOT_FOUND)
     payer = covs[0]["payor"][0].get("display")
     if not payer:
         org = tools.call("getResourceById", {"resourceType": "Organization",
-                                             "resourceId": _ref_id(covs[0]["payor"][0])}).output or {}
+                                             "resourceId": ref_id(covs[0]["payor"][0])}).output or {}
         payer = org.get("name")
-    return f'<answer>{{"payer": "{payer}", "member_id": "{covs[0].get("subscriberId")}"}}</answer>'
+    return answer_text({"payer": payer, "member_id": covs[0].get("subscriberId")})
 
 
 def _one_primary(view: View, p: dict) -> bool:
@@ -305,7 +300,7 @@ class FindCoverage(Family):
         primary = [c for c in active if c.get("order") == 1]
         assert len(primary) == 1 and all(isinstance(c.get("order"), int) for c in active), params
         cov = primary[0]
-        org = billing_facts(view)["org"].get(_ref_id(cov["payor"][0]), [{}])[0]
+        org = billing_facts(view)["org"].get(ref_id(cov["payor"][0]), [{}])[0]
         payers = sorted({x for x in (org.get("name"), cov["payor"][0].get("display")) if x})
         members = sorted({x for x in [cov.get("subscriberId"), *(i.get("value") for i in cov.get("identifier", []))]
                           if x})
@@ -348,10 +343,10 @@ class NoCoverage(EitherWay):
         pref = {"reference": f"Patient/{params['patient_id']}", "display": params["name"]}
         return [{
             "resourceType": "Coverage", "id": view.new_id("lapsed-coverage"), "status": "cancelled",
-            "identifier": [{"type": {"coding": [{"system": "http://terminology.hl7.org/CodeSystem/v2-0203",
+            "identifier": [{"type": {"coding": [{"system": IDENTIFIER_TYPE,
                                                  "code": "MB"}]}, "value": params["member"]}],
             "subscriber": pref, "subscriberId": params["member"], "beneficiary": pref,
-            "relationship": {"coding": [{"system": SUBSCRIBER_REL, "code": "self"}]},
+            "relationship": {"coding": [{"system": SUBSCRIBER_RELATIONSHIP, "code": "self"}]},
             "period": {"start": params["start"], "end": params["end"]},
             "payor": [{"reference": f"Organization/{_insurer_ids(view, params['insurer'])[0]}",
                        "display": params["insurer"]}],
@@ -364,7 +359,7 @@ class NoCoverage(EitherWay):
 
     def gold_none(self, view: View, params: dict) -> Gold:
         pid = unique_patient(view, params["name"], params["birth_date"])["id"]
-        added = [r for r in self.setup_none(view, params) if _ref_id(r.get("beneficiary")) == pid]
+        added = [r for r in self.setup_none(view, params) if ref_id(r.get("beneficiary")) == pid]
         assert not _active(billing_facts(view)["coverage"].get(pid, []) + added), params
         return Gold(answer=NOT_FOUND)
 
@@ -571,7 +566,7 @@ class ExistingAccount(Family):
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         account = _find_account(tools, params)
-        return f'<answer>{{"account_id": "{account["id"]}"}}</answer>' if account else "No account found."
+        return answer_text({"account_id": account["id"]}) if account else "No account found."
 
 
 # -- guarantors -----------------------------------------------------------------------------------------
@@ -614,7 +609,7 @@ class SetGuarantor(Family):
 
     def gold(self, view: View, params: dict) -> Gold:
         account = _gold_account(view, params)
-        pid = _ref_id(account["subject"][0])
+        pid = ref_id(account["subject"][0])
         rps = [r for r in billing_facts(view)["related"].get(pid, []) if _rp_name(r) == params["rp_name"]]
         assert len(rps) == 1 and not account.get("guarantor"), params
         return Gold(expects=[Expect("update", "Account", id=account["id"], checks=(
@@ -650,11 +645,11 @@ def _solve_guarantor(tools: Toolbox, params: dict) -> str:
     account = _find_account(tools, params)
     parties = [g["party"] for g in (account or {}).get("guarantor", []) if g.get("party")]
     if not parties:
-        return '<answer>{"found": false}</answer>'
+        return answer_text(NOT_FOUND)
     key = ref_key(parties[0]) or ""
     rtype, rid = key.split("/", 1)
     party = tools.call("getResourceById", {"resourceType": rtype, "resourceId": rid}).output or {}
-    return f'<answer>{{"guarantor": "{full_name(party)}"}}</answer>'
+    return answer_text({"guarantor": full_name(party)})
 
 
 @register

@@ -29,23 +29,26 @@ import random
 from collections import defaultdict
 from datetime import UTC, date, datetime, timedelta
 
-import orjson
-
-from ...fhir import FhirServer, InProcessClient
-from ...spec.codes import LOINC, RXNORM, SNOMED, UCUM
+from ...spec.codes import (
+    ACT_SITE,
+    ALLERGY_CLINICAL,
+    ALLERGY_VERIFICATION,
+    CVX,
+    LOINC,
+    MRN,
+    OBSERVATION_CATEGORY,
+    RXNORM,
+    SNOMED,
+    UCUM,
+)
 from ...tools import Toolbox
-from .. import NOT_FOUND, AnswerSpec, Expect, Family, Field, Gold, View, register
-from ..checks import Check, coded, custom, eq, instant, on_day, ref, values
+from .. import NOT_FOUND, AnswerSpec, Expect, Family, Field, Gold, View, answer_text, register
+from ..checks import Check, coded, custom, eq, instant, on_day, ref, ref_id, values
 from ..draw import deal, deal_by_gold, human_date, negative_seed, pick
 from ..facts import official_name
+from ..solve import create, search_all
 
 READ_ONLY = ("createResource", "updateResource", "deleteResource")
-MRN_SYSTEM = "http://hospital.smarthealthit.org"
-OBS_CATEGORY = "http://terminology.hl7.org/CodeSystem/observation-category"
-ALLERGY_CLINICAL = "http://terminology.hl7.org/CodeSystem/allergyintolerance-clinical"
-ALLERGY_VERIFICATION = "http://terminology.hl7.org/CodeSystem/allergyintolerance-verification"
-CVX = "http://hl7.org/fhir/sid/cvx"
-ACT_SITE = "http://terminology.hl7.org/CodeSystem/v3-ActSite"
 VALID = ("final", "amended", "corrected")
 IV_ROUTE = ("47625008", "Intravenous route")
 ORAL_ROUTE = ("26643006", "Oral route")
@@ -81,16 +84,9 @@ def _iso(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _reply(**fields: object) -> str:
-    return "<answer>" + orjson.dumps(fields).decode() + "</answer>"
 
 
-NONE_REPLY = '<answer>{"found": false}</answer>'
 
-
-def _ref_id(reference: dict | None) -> str | None:
-    value = (reference or {}).get("reference", "")
-    return value.split("/", 1)[1] if value.startswith(("Patient/", "Medication/")) else None
 
 
 def _rx(concept: dict | None) -> dict | None:
@@ -100,23 +96,6 @@ def _rx(concept: dict | None) -> dict | None:
 # ------------------------------------------------------------------------------------------------
 # cached base-world facts (keys prefixed clin_)
 # ------------------------------------------------------------------------------------------------
-def _base_search(view: View, rtype: str, params: dict) -> list[dict]:
-    """A search of the world as built (never an instance's setup layer): what the shared caches hold."""
-    store = view.world.snapshot.open()
-    try:
-        client = InProcessClient(FhirServer(store, view.world.spec))
-        resp, out = client.search(rtype, params), []
-        while True:
-            if resp.status != 200 or not resp.body:
-                raise RuntimeError(f"base search {rtype}?{params} failed: {resp.status} {resp.body}")
-            out += [e["resource"] for e in resp.body.get("entry", [])
-                    if e.get("search", {}).get("mode") != "include"]
-            nxt = next((lk["url"] for lk in resp.body.get("link", []) if lk.get("relation") == "next"), None)
-            if not nxt:
-                return out
-            resp = client.follow(nxt)
-    finally:
-        store.close()
 
 
 def _people(view: View) -> list[dict]:
@@ -124,12 +103,12 @@ def _people(view: View) -> list[dict]:
     def compute() -> list[dict]:
         found = []
         query = {"_count": "1000", "_elements": "name,birthDate,deceased,identifier,active"}
-        for p in _base_search(view, "Patient", query):
+        for p in view.search("Patient", query):
             if p.get("active") is False or "deceasedDateTime" in p or p.get("deceasedBoolean"):
                 continue
             name = official_name(p)
             given, family = ((name.get("given") or [""])[0], name.get("family", ""))
-            mrn = next((i.get("value") for i in p.get("identifier", []) if i.get("system") == MRN_SYSTEM),
+            mrn = next((i.get("value") for i in p.get("identifier", []) if i.get("system") == MRN),
                        None)
             if p.get("birthDate") and given and family and mrn:
                 found.append({"pid": p["id"], "given": given, "family": family, "birth": p["birthDate"][:10],
@@ -152,9 +131,9 @@ def _all_mrns(view: View) -> dict[str, list[str]]:
     """MRN -> ids of every patient (living or not) with that MRN."""
     def compute() -> dict[str, list[str]]:
         out: dict[str, list[str]] = defaultdict(list)
-        for p in _base_search(view, "Patient", {"_count": "1000", "_elements": "identifier"}):
+        for p in view.search("Patient", {"_count": "1000", "_elements": "identifier"}):
             for i in p.get("identifier", []):
-                if i.get("system") == MRN_SYSTEM and i.get("value"):
+                if i.get("system") == MRN and i.get("value"):
                     out[i["value"]].append(p["id"])
         return dict(out)
     return view.cached("clin_mrns", compute)
@@ -171,8 +150,8 @@ def _obs_index(view: View, codes: tuple[str, ...]) -> dict[str, list[tuple]]:
         out: dict[str, list[tuple]] = defaultdict(list)
         query = {"code": ",".join(f"{LOINC}|{c}" for c in codes), "_count": "1000",
                  "_elements": "subject,effectiveDateTime,status,valueQuantity,code"}
-        for o in _base_search(view, "Observation", query):
-            pid = _ref_id(o.get("subject"))
+        for o in view.search("Observation", query):
+            pid = ref_id(o.get("subject"), "Patient") or None
             when = o.get("effectiveDateTime")
             if not pid or not when:
                 continue
@@ -198,7 +177,7 @@ def _quiet_since(view: View, pid: str, codes: tuple[str, ...], since: datetime) 
 def _medications(view: View) -> dict[str, dict]:
     """Medication id -> its RxNorm coding."""
     def compute() -> dict[str, dict]:
-        return {m["id"]: rx for m in _base_search(view, "Medication", {"_count": "1000", "_elements": "code"})
+        return {m["id"]: rx for m in view.search("Medication", {"_count": "1000", "_elements": "code"})
                 if (rx := _rx(m.get("code")))}
     return view.cached("clin_medications", compute)
 
@@ -211,10 +190,10 @@ def _med_requests(view: View) -> dict[str, list[dict]]:
         out: dict[str, list[dict]] = defaultdict(list)
         query = {"_count": "1000",
                  "_elements": "subject,status,medicationCodeableConcept,medicationReference,authoredOn"}
-        for m in _base_search(view, "MedicationRequest", query):
-            pid = _ref_id(m.get("subject"))
+        for m in view.search("MedicationRequest", query):
+            pid = ref_id(m.get("subject"), "Patient") or None
             rx = _rx(m.get("medicationCodeableConcept")) or meds.get(
-                _ref_id(m.get("medicationReference")) or "")
+                ref_id(m.get("medicationReference"), "Medication"))
             if pid and rx:
                 out[pid].append({"id": m["id"], "status": m.get("status"), "code": rx["code"],
                                  "display": rx.get("display", ""), "authored": m.get("authoredOn", "")})
@@ -227,8 +206,8 @@ def _visits(view: View) -> dict[str, list[tuple]]:
     def compute() -> dict[str, list[tuple]]:
         out: dict[str, list[tuple]] = defaultdict(list)
         query = {"class": "AMB", "_count": "1000", "_elements": "subject,period,type"}
-        for e in _base_search(view, "Encounter", query):
-            pid, start = _ref_id(e.get("subject")), (e.get("period") or {}).get("start")
+        for e in view.search("Encounter", query):
+            pid, start = ref_id(e.get("subject"), "Patient") or None, (e.get("period") or {}).get("start")
             coding = next((c for t in e.get("type", []) for c in t.get("coding", [])
                            if c.get("system") == SNOMED), None)
             if pid and start and coding:
@@ -242,8 +221,8 @@ def _visits(view: View) -> dict[str, list[tuple]]:
 def _allergy_codes(view: View) -> dict[str, set[str]]:
     def compute() -> dict[str, set[str]]:
         out: dict[str, set[str]] = defaultdict(set)
-        for a in _base_search(view, "AllergyIntolerance", {"_count": "1000", "_elements": "patient,code"}):
-            pid = _ref_id(a.get("patient"))
+        for a in view.search("AllergyIntolerance", {"_count": "1000", "_elements": "patient,code"}):
+            pid = ref_id(a.get("patient"), "Patient") or None
             if pid:
                 out[pid] |= {c.get("code") for c in a.get("code", {}).get("coding", [])}
         return dict(out)
@@ -263,25 +242,15 @@ def _who(params: dict) -> str:
     return f"{params['given']} {params['family']} (born {human_date(params['birth'])})"
 
 
-def _search(tools: Toolbox, rtype: str, params: dict, all_pages: bool = True) -> list[dict]:
-    """The reference's searches: page by page (each page must fit the tool's output budget)."""
-    out = tools.call("searchResources", {"resourceType": rtype, "params": params}).output
-    found = list(out.get("resources", []))
-    while True:
-        assert not out.get("omitted"), f"reference search {rtype}?{params} overflows the output budget"
-        if not (all_pages and out.get("next_page_url")):
-            return found
-        out = tools.call("searchResources", {"resourceType": rtype, "page_url": out["next_page_url"]}).output
-        found += out.get("resources", [])
 
 
 def _locate(tools: Toolbox, params: dict) -> str:
     """The reference's patient lookup: by MRN, or by family name and birth date then the given name."""
     if params["by_mrn"]:
-        hits = _search(tools, "Patient", {"identifier": params["mrn"]})
+        hits = search_all(tools, "Patient", {"identifier": params["mrn"]})
         hits = [p for p in hits if any(i.get("value") == params["mrn"] for i in p.get("identifier", []))]
     else:
-        hits = _search(tools, "Patient", {"family": params["family"], "birthdate": params["birth"]})
+        hits = search_all(tools, "Patient", {"family": params["family"], "birthdate": params["birth"]})
         hits = [p for p in hits if (official_name(p).get("given") or [""])[0] == params["given"]]
     assert len(hits) == 1, f"reference found {len(hits)} patients for {params}"
     return hits[0]["id"]
@@ -295,7 +264,7 @@ def _results(tools: Toolbox, pid: str, code: str, since: datetime | None = None,
              "_count": "15", "_elements": "status,effectiveDateTime,valueQuantity,code"}
     if since is not None:
         query["date"] = f"ge{_iso(since)}"
-    return [o for o in _search(tools, "Observation", query, all_pages=not newest) if o.get("status") in VALID]
+    return [o for o in search_all(tools, "Observation", query, all_pages=not newest) if o.get("status") in VALID]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -305,7 +274,7 @@ def _observation(rid: str, pid: str, code: str, display: str, value: float, unit
                  status: str = "final", category: str = "laboratory") -> dict:
     label = "Vital Signs" if category == "vital-signs" else "Laboratory"
     obs = {"resourceType": "Observation", "id": rid, "status": status,
-           "category": [{"coding": [{"system": OBS_CATEGORY, "code": category, "display": label}]}],
+           "category": [{"coding": [{"system": OBSERVATION_CATEGORY, "code": category, "display": label}]}],
            "code": {"coding": [{"system": LOINC, "code": code, "display": display}], "text": display},
            "subject": {"reference": f"Patient/{pid}"}, "effectiveDateTime": _iso(when),
            "valueQuantity": {"value": value, "unit": unit, "system": UCUM, "code": unit}}
@@ -399,20 +368,18 @@ def _may_change(path: str) -> Check:
 
 def _vital_checks(pid: str, code: str, now: datetime) -> tuple[Check, ...]:
     return (ref("subject", f"Patient/{pid}"), eq("status", "final"),
-            coded("category", OBS_CATEGORY, "vital-signs"), coded("code", LOINC, code),
+            coded("category", OBSERVATION_CATEGORY, "vital-signs"), coded("code", LOINC, code),
             instant("effectiveDateTime", _iso(now), tolerance_s=300))
 
 
 def _new_vital(pid: str, code: str, display: str, now: datetime) -> dict:
     return {"resourceType": "Observation", "status": "final",
-            "category": [{"coding": [{"system": OBS_CATEGORY, "code": "vital-signs",
+            "category": [{"coding": [{"system": OBSERVATION_CATEGORY, "code": "vital-signs",
                                       "display": "Vital Signs"}]}],
             "code": {"coding": [{"system": LOINC, "code": code, "display": display}]},
             "subject": {"reference": f"Patient/{pid}"}, "effectiveDateTime": _iso(now)}
 
 
-def _create(tools: Toolbox, body: dict) -> None:
-    tools.call("createResource", {"resourceType": body["resourceType"], "body": body})
 
 
 def _medication_request(pid: str, rx: tuple[str, str], dose: float, unit: str, route: tuple[str, str],
@@ -473,9 +440,9 @@ class PatientByMrn(_Clinical):
         return Gold(answer={"patient_id": hits[0]} if hits else NOT_FOUND)
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
-        hits = [p for p in _search(tools, "Patient", {"identifier": params["mrn"]})
+        hits = [p for p in search_all(tools, "Patient", {"identifier": params["mrn"]})
                 if any(i.get("value") == params["mrn"] for i in p.get("identifier", []))]
-        return _reply(patient_id=hits[0]["id"]) if hits else NONE_REPLY
+        return answer_text({"patient_id": hits[0]["id"]}) if hits else answer_text(NOT_FOUND)
 
 
 @register
@@ -504,8 +471,8 @@ class PatientMrn(_Clinical):
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
         patient = tools.call("getResourceById", {"resourceType": "Patient", "resourceId": pid}).output
-        mrn = next(i["value"] for i in patient.get("identifier", []) if i.get("system") == MRN_SYSTEM)
-        return _reply(mrn=mrn)
+        mrn = next(i["value"] for i in patient.get("identifier", []) if i.get("system") == MRN)
+        return answer_text({"mrn": mrn})
 
 
 @register
@@ -534,7 +501,7 @@ class PatientAge(_Clinical):
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
         patient = tools.call("getResourceById", {"resourceType": "Patient", "resourceId": pid}).output
-        return _reply(age=_age(patient["birthDate"], now.date()))
+        return answer_text({"age": _age(patient["birthDate"], now.date())})
 
 
 @register
@@ -592,7 +559,7 @@ class LabLast24h(_Clinical):
         pid = _locate(tools, params)
         found = [o for o in _results(tools, pid, params["code"], since=now - timedelta(hours=24))
                  if _ts(o["effectiveDateTime"]) <= now]
-        return _reply(value=found[0]["valueQuantity"]["value"]) if found else NONE_REPLY
+        return answer_text({"value": found[0]["valueQuantity"]["value"]}) if found else answer_text(NOT_FOUND)
 
 
 @register
@@ -646,9 +613,9 @@ class LabMean(_Clinical):
         query = {"patient": pid, "code": f"{LOINC}|{params['code']}",
                  "date": [f"ge{params['first']}", f"lt{end}"],
                  "_count": "15", "_elements": "status,effectiveDateTime,valueQuantity"}
-        found = [o["valueQuantity"]["value"] for o in _search(tools, "Observation", query)
+        found = [o["valueQuantity"]["value"] for o in search_all(tools, "Observation", query)
                  if o["status"] in VALID]
-        return _reply(mean=round(sum(found) / len(found), 1))
+        return answer_text({"mean": round(sum(found) / len(found), 1)})
 
 
 @register
@@ -699,8 +666,8 @@ class LatestGlucose(_Clinical):
         found = [o for o in _results(tools, pid, ",".join(GLUCOSE), newest=True)
                  if _ts(o["effectiveDateTime"]) <= now]
         if not found:
-            return NONE_REPLY
-        return _reply(value=found[0]["valueQuantity"]["value"], taken=found[0]["effectiveDateTime"])
+            return answer_text(NOT_FOUND)
+        return answer_text({"value": found[0]["valueQuantity"]["value"], "taken": found[0]["effectiveDateTime"]})
 
 
 @register
@@ -756,8 +723,8 @@ class LastHba1c(_Clinical):
         pid = _locate(tools, params)
         found = [o for o in _results(tools, pid, "4548-4", newest=True) if _ts(o["effectiveDateTime"]) <= now]
         if not found:
-            return NONE_REPLY
-        return _reply(value=found[0]["valueQuantity"]["value"], date=found[0]["effectiveDateTime"][:10])
+            return answer_text(NOT_FOUND)
+        return answer_text({"value": found[0]["valueQuantity"]["value"], "date": found[0]["effectiveDateTime"][:10]})
 
 
 @register
@@ -793,7 +760,7 @@ class ActiveMedicationCount(_Clinical):
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
-        orders = _search(tools, "MedicationRequest", {"patient": pid, "status": "active", "_count": "15",
+        orders = search_all(tools, "MedicationRequest", {"patient": pid, "status": "active", "_count": "15",
                                                       "_elements": DRUG_ELEMENTS})
         codes = set()
         for o in orders:
@@ -805,7 +772,7 @@ class ActiveMedicationCount(_Clinical):
                 rx = _rx(med.get("code"))
             if rx:
                 codes.add(rx["code"])
-        return _reply(count=len(codes))
+        return answer_text({"count": len(codes)})
 
 
 @register
@@ -842,11 +809,11 @@ class LastOutpatientVisit(_Clinical):
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
         query = {"patient": pid, "class": "AMB", "_sort": "-date", "_count": "5"}
-        found = [e for e in _search(tools, "Encounter", query, all_pages=False)
+        found = [e for e in search_all(tools, "Encounter", query, all_pages=False)
                  if _ts(e["period"]["start"]) <= now]
         first = found[0]
         code = next(c["code"] for t in first["type"] for c in t["coding"] if c.get("system") == SNOMED)
-        return _reply(date=first["period"]["start"][:10], type_code=code)
+        return answer_text({"date": first["period"]["start"][:10], "type_code": code})
 
 
 # ================================================================================================
@@ -881,7 +848,7 @@ class _RecordVital(_Clinical):
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
-        _create(tools, {**_new_vital(pid, self.CODE, self.DISPLAY, now), **self.value_body(params)})
+        create(tools, {**_new_vital(pid, self.CODE, self.DISPLAY, now), **self.value_body(params)})
         return "Charted the measurement."
 
 
@@ -1075,9 +1042,9 @@ class _Magnesium(_Clinical):
         value = found[0]["valueQuantity"]["value"]
         if value < 1.8:
             dose = _magnesium_dose(value)
-            _create(tools, _medication_request(pid, MAGNESIUM_SULFATE, dose, "g", IV_ROUTE, now,
+            create(tools, _medication_request(pid, MAGNESIUM_SULFATE, dose, "g", IV_ROUTE, now,
                                                f"{dose} g magnesium sulfate IV"))
-        return _reply(magnesium=value, ordered=value < 1.8)
+        return answer_text({"magnesium": value, "ordered": value < 1.8})
 
 
 @register
@@ -1161,8 +1128,8 @@ class _Hba1c(_Clinical):
         last = found[0]
         due = _ts(last["effectiveDateTime"]) < now - timedelta(days=365)
         if due:
-            _create(tools, _service_request(pid, LOINC, "4548-4", LABS["4548-4"][0], now, priority="routine"))
-        return _reply(hba1c=last["valueQuantity"]["value"], date=last["effectiveDateTime"][:10], ordered=due)
+            create(tools, _service_request(pid, LOINC, "4548-4", LABS["4548-4"][0], now, priority="routine"))
+        return answer_text({"hba1c": last["valueQuantity"]["value"], "date": last["effectiveDateTime"][:10], "ordered": due})
 
 
 @register
@@ -1268,11 +1235,11 @@ class PotassiumReplacement(_Clinical):
         value = latest["valueQuantity"]["value"]
         if value < 3.5:
             dose = self.dose(value)
-            _create(tools, _medication_request(pid, POTASSIUM_CHLORIDE, dose, "meq", ORAL_ROUTE, now,
+            create(tools, _medication_request(pid, POTASSIUM_CHLORIDE, dose, "meq", ORAL_ROUTE, now,
                                                f"{dose} mEq potassium chloride by mouth"))
-        _create(tools, _service_request(pid, LOINC, "2823-3", LABS["2823-3"][0], now,
+        create(tools, _service_request(pid, LOINC, "2823-3", LABS["2823-3"][0], now,
                                         occurrenceDateTime=_iso(self.tomorrow_8(now))))
-        return _reply(potassium=value, replacement_ordered=value < 3.5)
+        return answer_text({"potassium": value, "replacement_ordered": value < 3.5})
 
 
 # ================================================================================================
@@ -1333,7 +1300,7 @@ class Referral(_Clinical):
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
         _, code, display, _ = REFERRALS[params["service"]]
-        _create(tools, _service_request(pid, SNOMED, code, display, now, priority=params["priority"],
+        create(tools, _service_request(pid, SNOMED, code, display, now, priority=params["priority"],
                                         note=[{"text": params["note"]}]))
         return "Placed the referral."
 
@@ -1383,7 +1350,7 @@ class StopMedication(_Clinical):
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
-        orders = _search(tools, "MedicationRequest", {"patient": pid, "status": "active", "_count": "15",
+        orders = search_all(tools, "MedicationRequest", {"patient": pid, "status": "active", "_count": "15",
                                                       "_elements": DRUG_ELEMENTS})
         wanted = params["drug"].lower()
         target = None
@@ -1460,7 +1427,7 @@ class PrescribeMedication(_Clinical):
         code, name, tablets, times, spoken = PRESCRIPTIONS[params["drug"]]
         body = _medication_request(pid, (code, name), tablets, "{tbl}", ORAL_ROUTE, now, spoken,
                                    timing={"repeat": {"frequency": times, "period": 1, "periodUnit": "d"}})
-        _create(tools, body)
+        create(tools, body)
         return "Prescribed."
 
 
@@ -1521,7 +1488,7 @@ class RecordAllergy(_Clinical):
         pid = _locate(tools, params)
         system, code, display, category, _ = ALLERGENS[params["allergen"]]
         rcode, reaction, criticality = REACTIONS[params["reaction"]]
-        _create(tools, {
+        create(tools, {
             "resourceType": "AllergyIntolerance",
             "clinicalStatus": {"coding": [{"system": ALLERGY_CLINICAL, "code": "active"}]},
             "verificationStatus": {"coding": [{"system": ALLERGY_VERIFICATION, "code": "confirmed"}]},
@@ -1577,7 +1544,7 @@ class RecordImmunization(_Clinical):
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
         code, display, _ = VACCINES[params["vaccine"]]
-        _create(tools, {"resourceType": "Immunization", "status": "completed",
+        create(tools, {"resourceType": "Immunization", "status": "completed",
                         "vaccineCode": {"coding": [{"system": CVX, "code": code, "display": display}]},
                         "patient": {"reference": f"Patient/{pid}"}, "occurrenceDateTime": _iso(now),
                         "primarySource": True, "lotNumber": params["lot"],
@@ -1646,7 +1613,7 @@ class VoidObservation(_Clinical):
         at, value = params["readings"][params["wrong"]]
         since = _iso(_ts(at) - timedelta(minutes=1))
         query = {"patient": pid, "code": f"{LOINC}|{code}", "date": f"ge{since}", "_sort": "date"}
-        found = _search(tools, "Observation", query)
+        found = search_all(tools, "Observation", query)
         target = next(o for o in found if _ts(o["effectiveDateTime"]) == _ts(at)
                       and o["valueQuantity"]["value"] == value)
         body = dict(target)  # meta too: tags, labels and profiles are kept

@@ -5,9 +5,16 @@ from __future__ import annotations
 import random
 from datetime import date, datetime, timedelta
 
-from ...spec.codes import SNOMED
+from ...spec.codes import (
+    ADMINISTRATIVE_GENDER,
+    CONDITION_CLINICAL,
+    CONDITION_VERIFICATION,
+    ROLE_CODE,
+    SNOMED,
+    UCUM,
+)
 from ...tools import Toolbox
-from .. import NOT_FOUND, AnswerSpec, Expect, Family, Field, Gold, View, register
+from .. import NOT_FOUND, AnswerSpec, Expect, Family, Field, Gold, View, answer_text, register
 from ..checks import Check, coded, custom, eq, on_day, one_of, phone_check, ref
 from ..draw import STREETS, TOWNS, EitherWay, human_date, new_name, new_phone, pick, pronoun, random_birth
 from ..facts import (
@@ -23,8 +30,6 @@ from ..facts import (
 from ..solve import find_patient, find_patients
 
 READ_ONLY = ("createResource", "updateResource", "deleteResource")
-CLINICAL = "http://terminology.hl7.org/CodeSystem/condition-clinical"
-VERIFICATION = "http://terminology.hl7.org/CodeSystem/condition-ver-status"
 
 
 
@@ -58,7 +63,7 @@ class FindPatient(Family):
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         found = find_patients(tools, params["name"], params["birth_date"])
-        return f'<answer>{{"patient_id": "{found[0]["id"]}"}}</answer>' if found else '<answer>{"found": false}</answer>'
+        return answer_text({"patient_id": found[0]["id"]}) if found else answer_text(NOT_FOUND)
 
 
 HYPERTENSION = ("59621000", "Essential hypertension (disorder)")
@@ -89,8 +94,8 @@ class RecordCondition(Family):
         return Gold(expects=[Expect("create", "Condition", checks=(
             ref("subject", f"Patient/{params['patient_id']}"),
             coded("code", SNOMED, params["code"]),
-            coded("clinicalStatus", CLINICAL, "active"),
-            coded("verificationStatus", VERIFICATION, "confirmed"),
+            coded("clinicalStatus", CONDITION_CLINICAL, "active"),
+            coded("verificationStatus", CONDITION_VERIFICATION, "confirmed"),
             on_day("onsetDateTime", today),
         ))])
 
@@ -98,8 +103,8 @@ class RecordCondition(Family):
         patient = find_patients(tools, params["name"], params["birth_date"])[0]
         tools.call("createResource", {"resourceType": "Condition", "body": {
             "resourceType": "Condition",
-            "clinicalStatus": {"coding": [{"system": CLINICAL, "code": "active"}]},
-            "verificationStatus": {"coding": [{"system": VERIFICATION, "code": "confirmed"}]},
+            "clinicalStatus": {"coding": [{"system": CONDITION_CLINICAL, "code": "active"}]},
+            "verificationStatus": {"coding": [{"system": CONDITION_VERIFICATION, "code": "confirmed"}]},
             "code": {"coding": [{"system": SNOMED, "code": params["code"], "display": params["display"]}]},
             "subject": {"reference": f"Patient/{patient['id']}"},
             "onsetDateTime": now.date().isoformat(),
@@ -109,7 +114,6 @@ class RecordCondition(Family):
 
 # -- shared facts and helpers of the records (and billing) families -----------------------------------
 
-ROLE_CODE = "http://terminology.hl7.org/CodeSystem/v3-RoleCode"
 
 
 
@@ -280,13 +284,13 @@ def _condition_prompt(params: dict) -> str:
 def _solve_condition(tools: Toolbox, params: dict) -> str:
     patient = find_patient(tools, params["name"], params["birth_date"])
     if patient is None:
-        return '<answer>{"found": false}</answer>'
+        return answer_text(NOT_FOUND)
     out = tools.call("searchResources", {"resourceType": "Condition", "params": {
         "patient": f"Patient/{patient['id']}", "code": f"{SNOMED}|{params['code']}",
         "_elements": "code,onsetDateTime,clinicalStatus,verificationStatus", "_sort": "onset-date"}}).output or {}
     onsets = sorted(c["onsetDateTime"][:10] for c in out.get("resources", [])
                     if _status(c, "verificationStatus") != "entered-in-error" and c.get("onsetDateTime"))
-    return f'<answer>{{"onset_date": "{onsets[0]}"}}</answer>' if onsets else '<answer>{"found": false}</answer>'
+    return answer_text({"onset_date": onsets[0]}) if onsets else answer_text(NOT_FOUND)
 
 
 def _real(conds: list[tuple]) -> list[tuple]:
@@ -497,10 +501,10 @@ class RecordFamilyHistory(Family):
             "patient": {"reference": f"Patient/{patient['id']}"}, "date": now.date().isoformat(),
             "relationship": {"coding": [{"system": ROLE_CODE, "code": params["relationship"],
                                          "display": params["relation"]}]},
-            "sex": {"coding": [{"system": "http://hl7.org/fhir/administrative-gender", "code": params["sex"]}]},
+            "sex": {"coding": [{"system": ADMINISTRATIVE_GENDER, "code": params["sex"]}]},
             "condition": [{"code": {"coding": [{"system": SNOMED, "code": params["code"],
                                                 "display": params["display"]}]},
-                           "onsetAge": {"value": params["age"], "unit": "a", "system": "http://unitsofmeasure.org",
+                           "onsetAge": {"value": params["age"], "unit": "a", "system": UCUM,
                                         "code": "a"}}],
         }})
         return "Recorded the family history."

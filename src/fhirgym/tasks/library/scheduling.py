@@ -22,6 +22,7 @@ from datetime import UTC, date, datetime, timedelta
 
 from ...tools import Toolbox
 from .. import NOT_FOUND, AnswerSpec, Family, Field, Gold, View, answer_text, register
+from ..checks import ref_id
 from ..draw import deal, deal_by_gold, human_date, negative_seed
 from ..facts import full_name
 
@@ -91,8 +92,6 @@ class _Facts:
     urgent_starts: list[datetime] = field(default_factory=list)
 
 
-def _ref_id(ref: dict | None) -> str:
-    return str((ref or {}).get("reference", "")).rsplit("/", 1)[-1]
 
 
 def _instant(text: str) -> datetime:
@@ -108,8 +107,8 @@ def _facts(view: View) -> _Facts:
         docs: list[_Doc] = []
         for sched in view.search("Schedule", {"active": "true", "_count": "1000"}):
             actors = [a.get("reference", "") for a in sched.get("actor", [])]
-            pid = next((_ref_id({"reference": a}) for a in actors if a.startswith("Practitioner/")), None)
-            rid = next((_ref_id({"reference": a}) for a in actors if a.startswith("PractitionerRole/")), None)
+            pid = next((ref_id({"reference": a}) for a in actors if a.startswith("Practitioner/")), None)
+            rid = next((ref_id({"reference": a}) for a in actors if a.startswith("PractitionerRole/")), None)
             if pid not in practitioners or rid not in roles:
                 continue
             p, role = practitioners[pid], roles[rid]
@@ -120,7 +119,7 @@ def _facts(view: View) -> _Facts:
                 for coding in c.get("coding", []):
                     langs.append(coding["code"])
                     lang_names[coding["code"]] = coding.get("display") or c.get("text") or coding["code"]
-            loc_id = _ref_id((role.get("location") or [{}])[0])
+            loc_id = ref_id((role.get("location") or [{}])[0])
             city = next((a.get("city") for a in p.get("address", []) if a.get("city")), "")
             docs.append(_Doc(pid, full_name(p), p.get("gender", ""), city, tuple(langs), sched["id"], rid,
                              sched["specialty"][0]["text"], loc_id, locations.get(loc_id, {}).get("name", "")))
@@ -128,7 +127,7 @@ def _facts(view: View) -> _Facts:
         by_schedule = {d.schedule: d for d in docs}
         slots: dict[str, list[_Slot]] = {d.schedule: [] for d in docs}
         for s in view.search("Slot", {"_count": "1000", "_elements": "schedule,status,start,appointmentType"}):
-            sid = _ref_id(s.get("schedule"))
+            sid = ref_id(s.get("schedule"))
             if sid in slots:
                 codes = {c.get("code") for c in (s.get("appointmentType") or {}).get("coding", [])}
                 slots[sid].append(_Slot(s["id"], sid, _instant(s["start"]), s["status"], "EMERGENCY" in codes))
@@ -138,7 +137,7 @@ def _facts(view: View) -> _Facts:
         for a in view.search("Appointment", {"_count": "1000"}):
             if "start" not in a:
                 continue
-            actors = [_ref_id(p.get("actor")) for p in a.get("participant", [])]
+            actors = [ref_id(p.get("actor")) for p in a.get("participant", [])]
             refs = [str((p.get("actor") or {}).get("reference", "")) for p in a.get("participant", [])]
             who = {r.split("/")[0]: i for r, i in zip(refs, actors, strict=True) if "/" in r}
             spec = ((a.get("specialty") or [{}])[0].get("text")) or ""
@@ -347,8 +346,8 @@ class EarliestSpecialtySlot(Family):
                                    "start": f"ge{_iso(now)}"})
         assert slot is not None
         sched = tools.call("getResourceById", {"resourceType": "Schedule",
-                                               "resourceId": _ref_id(slot["schedule"])}).output
-        pid = next(_ref_id(a) for a in sched["actor"] if a["reference"].startswith("Practitioner/"))
+                                               "resourceId": ref_id(slot["schedule"])}).output
+        pid = next(ref_id(a) for a in sched["actor"] if a["reference"].startswith("Practitioner/"))
         doc = tools.call("getResourceById", {"resourceType": "Practitioner", "resourceId": pid}).output
         return answer_text({"start": slot["start"], "doctor": full_name(doc)})
 
@@ -791,7 +790,7 @@ def _holders(f: _Facts, params: dict) -> set[str]:
 
 def _booking_answer(tools: Toolbox, query: dict) -> str:
     found = _search(tools, "Appointment", {**query, "_elements": "status,participant"})
-    patients = {_ref_id(p["actor"]) for a in found.get("resources", []) if a["status"] in HOLDING
+    patients = {ref_id(p["actor"]) for a in found.get("resources", []) if a["status"] in HOLDING
                 for p in a["participant"] if str(p.get("actor", {}).get("reference", "")).startswith("Patient/")}
     if not patients:
         return answer_text(NOT_FOUND)
