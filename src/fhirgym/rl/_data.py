@@ -84,7 +84,7 @@ def dataset_rows(track: str = "action", split: str = "train", *, tasks: str = "a
                          "reward_spec": {"method": "rule", "ground_truth": None},
                          "extra_info": {"track": track, "task_id": fam.id, "seed": seed, "split": split,
                                         "category": fam.category, "difficulty": fam.difficulty,
-                                        "writes": fam.writes, "world": {**world, "sha256": sha},
+                                        "writes": inst.writes, "world": {**world, "sha256": sha},
                                         "max_turns": max_turns}})
             taken += 1
     return rows

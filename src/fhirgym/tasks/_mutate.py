@@ -372,7 +372,7 @@ def run_mutation(inst: Instance, mutation: str) -> Outcome:
             inst.family.solve(inner, inst.params, inst.now)
             text = (_hedged if mutation == "hedged_answer" else _equivalent_answer)(spec, gold)
             return Outcome(mutation, True, ep.finish(text))
-        if mutation == "identical_update" and not inst.family.writes:
+        if mutation == "identical_update" and not inst.writes:
             return Outcome(mutation, False, None)
         text = inst.family.solve(inner, inst.params, inst.now)
         if mutation == "extra_write":

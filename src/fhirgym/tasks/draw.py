@@ -117,3 +117,19 @@ def human_date(d: date | str) -> str:
 
 def human_time(t: datetime) -> str:
     return t.strftime("%H:%M")
+
+
+class Branched(Family):
+    """A family whose instances take one of several branches by seed (a conditional order: the condition
+    holds or not), each branch drawn by its own random streams: seed ``s`` is branch ``s % n`` drawn as
+    seed ``s // n`` of the stream labelled ``branches[s % n]``. Labels of families merged into one keep
+    their old ids, so the merged family reproduces each old family's instances at those seeds."""
+
+    branches: ClassVar[tuple[str, ...]]
+
+    def stream(self, seed: int) -> tuple[str, int]:
+        return self.branches[seed % len(self.branches)], seed // len(self.branches)
+
+    def branch(self, view: View) -> int:
+        """The branch of the instance ``view`` draws (0 … n-1)."""
+        return self.branches.index(view.family)

@@ -20,7 +20,6 @@ from ..checks import Check, coded, custom, eq, on_day, phone_check, ref, ref_id,
 from ..draw import EitherWay, deal, human_date, new_name, new_phone, pick, pronoun, random_birth
 from ..facts import all_patients, full_name, living_patients, official_name, unique_patient
 from ..solve import find_patient
-from .records import READ_ONLY
 
 #: v3-RoleCode relationship -> (word, gender)
 RELATION = {"MTH": ("mother", "female"), "FTH": ("father", "male"), "SPS": ("spouse", "")}
@@ -279,7 +278,6 @@ class FindCoverage(Family):
     writes = False
     resource_types = ("Patient", "Coverage")
     sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
     answer = COVERAGE_ANSWER
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -321,7 +319,6 @@ class NoCoverage(EitherWay):
     writes = False
     resource_types = ("Patient", "Coverage")
     sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec(COVERAGE_ANSWER.fields, none_allowed=True)
     found = FindCoverage
 
@@ -548,7 +545,6 @@ class ExistingAccount(Family):
     writes = False
     resource_types = ("Patient", "Account")
     sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("account_id", "id", "the id of the patient's billing account"),))
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -663,7 +659,6 @@ class FindGuarantor(Family):
     writes = False
     resource_types = ("Patient", "Account")
     sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
     answer = GUARANTOR_ANSWER
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -711,7 +706,6 @@ class NoGuarantor(EitherWay):
     writes = False
     resource_types = ("Patient", "Account")
     sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec(GUARANTOR_ANSWER.fields, none_allowed=True)
     found = FindGuarantor
 

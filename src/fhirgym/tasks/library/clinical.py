@@ -44,11 +44,10 @@ from ...spec.codes import (
 from ...tools import Toolbox
 from .. import NOT_FOUND, AnswerSpec, Expect, Family, Field, Gold, View, answer_text, register
 from ..checks import Check, coded, custom, eq, instant, on_day, ref, ref_id, values
-from ..draw import deal, deal_by_gold, human_date, negative_seed, pick
+from ..draw import Branched, deal, deal_by_gold, human_date, negative_seed, pick
 from ..facts import official_name
 from ..solve import create, search_all
 
-READ_ONLY = ("createResource", "updateResource", "deleteResource")
 VALID = ("final", "amended", "corrected")
 IV_ROUTE = ("47625008", "Intravenous route")
 ORAL_ROUTE = ("26643006", "Oral route")
@@ -419,7 +418,6 @@ class PatientByMrn(_Clinical):
     writes = False
     resource_types = ("Patient",)
     sequences = (("searchResources",),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("patient_id", "id", "the Patient resource id"),), none_allowed=True)
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -455,7 +453,6 @@ class PatientMrn(_Clinical):
     writes = False
     resource_types = ("Patient",)
     sequences = (("searchResources",),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("mrn", "text", "the medical record number"),))
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -485,7 +482,6 @@ class PatientAge(_Clinical):
     writes = False
     resource_types = ("Patient",)
     sequences = (("searchResources",),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("age", "int", "age in completed years today"),))
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -514,7 +510,6 @@ class LabLast24h(_Clinical):
     writes = False
     resource_types = ("Patient", "Observation")
     sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("value", "number", "the result in the unit the lab reports"),),
                         none_allowed=True)
     CODES = ("19123-9", "2823-3", "2951-2", "2160-0", "718-7")
@@ -573,7 +568,6 @@ class LabMean(_Clinical):
     writes = False
     resource_types = ("Patient", "Observation")
     sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("mean", "number", "the average, rounded to one decimal", tolerance=0.06),))
     CODES = ("2345-7", "2823-3", "2951-2", "2160-0", "718-7")
 
@@ -628,7 +622,6 @@ class LatestGlucose(_Clinical):
     writes = False
     resource_types = ("Patient", "Observation")
     sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("value", "number", "the glucose in mg/dL"),
                          Field("taken", "datetime", "when it was taken")), none_allowed=True)
 
@@ -681,7 +674,6 @@ class LastHba1c(_Clinical):
     writes = False
     resource_types = ("Patient", "Observation")
     sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("value", "number", "the HbA1c in %"),
                          Field("date", "date", "the day it was taken")), none_allowed=True)
 
@@ -738,7 +730,6 @@ class ActiveMedicationCount(_Clinical):
     writes = False
     resource_types = ("Patient", "MedicationRequest")
     sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("count", "int", "how many distinct drugs (RxNorm codes)"),))
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -785,7 +776,6 @@ class LastOutpatientVisit(_Clinical):
     writes = False
     resource_types = ("Patient", "Encounter")
     sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("date", "date", "the day the visit started"),
                          Field("type_code", "text", "the SNOMED CT code of the visit type")))
 
@@ -981,11 +971,23 @@ def _magnesium_dose(value: float) -> int:
     return 4 if value < 1.2 else 2 if value < 1.5 else 1
 
 
-class _Magnesium(_Clinical):
-    """The entered-in-error copy (more recent, decimal slip) and an older result lie on the other side of
-    the threshold; the dose depends on the band the real value falls in."""
+@register
+class MagnesiumIfLow(Branched, _Clinical):
+    """One IV order at the dose of the band when the magnesium is low, nothing when it is normal: both
+    branches in one family. The entered-in-error copy (more recent, decimal slip) and an older result lie on
+    the other side of the threshold; the dose depends on the band the real value falls in.
 
-    LOW: bool
+    Seed 2k is seed k of the former ``clinical.magnesium_replacement`` (low), seed 2k+1 seed k of the
+    former ``clinical.magnesium_no_order`` (normal): the same prompt, params, setup and gold."""
+
+    id = "clinical.magnesium_if_low"
+    title = "Magnesium in the last 24 h: if low, order IV magnesium sulfate at the dose for its band"
+    writes = True
+    resource_types = ("Patient", "Observation", "MedicationRequest")
+    sequences = (("searchResources", "searchResources", "createResource"),)
+    read_resource_types = ("Patient", "Observation")
+    read_sequences = (("searchResources", "searchResources"),)
+    branches = ("clinical.magnesium_replacement", "clinical.magnesium_no_order")
     difficulty = 3
     answer = AnswerSpec((Field("magnesium", "number", "the result you acted on, in mg/dL"),
                          Field("ordered", "bool", "whether you ordered magnesium sulfate")))
@@ -994,14 +996,15 @@ class _Magnesium(_Clinical):
         person = pick(rng, _adults(view))
         if not _quiet_since(view, person["pid"], ("19123-9",), view.now - timedelta(days=5)):
             return None
-        value = _lab_value(rng, "19123-9", 0.8, 1.7) if self.LOW else _lab_value(rng, "19123-9", 1.9, 2.5)
+        low = self.branch(view) == 0
+        value = _lab_value(rng, "19123-9", 0.8, 1.7) if low else _lab_value(rng, "19123-9", 1.9, 2.5)
         recent = rng.randint(30, 20 * 60)
         draws = [[recent, value, "final"]]
         distractor = rng.random()
         if distractor < 0.45:  # a newer entered-in-error copy on the other side of the threshold
-            draws.append([rng.randint(5, recent - 5), _slip(rng, value, up=self.LOW), "entered-in-error"])
+            draws.append([rng.randint(5, recent - 5), _slip(rng, value, up=low), "entered-in-error"])
         elif distractor < 0.8:  # an older (over 24 h) result on the other side
-            other = _lab_value(rng, "19123-9", 1.9, 2.4) if self.LOW else _lab_value(rng, "19123-9", 1.0, 1.6)
+            other = _lab_value(rng, "19123-9", 1.9, 2.4) if low else _lab_value(rng, "19123-9", 1.0, 1.6)
             draws.append([rng.randint(26 * 60, 60 * 60), other, "final"])
         return {**_patient_params(person, rng), "draws": draws}
 
@@ -1021,7 +1024,7 @@ class _Magnesium(_Clinical):
         latest = _latest_valid(rows, view.now, since=view.now - timedelta(hours=24))
         assert latest is not None
         low = latest[2] < 1.8
-        assert low == self.LOW, params
+        assert low == (self.branch(view) == 0), params
         expects = []
         if low:
             expects.append(Expect("create", "MedicationRequest", checks=(
@@ -1048,34 +1051,22 @@ class _Magnesium(_Clinical):
 
 
 @register
-class MagnesiumReplacement(_Magnesium):
-    """The magnesium is low: one IV order at the dose of its band (no-order case: magnesium_no_order)."""
+class Hba1cIfDue(Branched, _Clinical):
+    """Order a new HbA1c when the last valid one is over a year old, nothing when there is a recent one:
+    both branches in one family. "Most recent" must skip an entered-in-error copy that would flip the
+    one-year decision.
 
-    id = "clinical.magnesium_replacement"
-    title = "Low magnesium in the last 24 h: order IV magnesium sulfate at the dose for its band"
+    Seed 2k is seed k of the former ``clinical.hba1c_reorder`` (due), seed 2k+1 seed k of the former
+    ``clinical.hba1c_not_due`` (recent): the same prompt, params, setup and gold."""
+
+    id = "clinical.hba1c_if_due"
+    title = "Last HbA1c: if it is over a year old, order a new one"
     writes = True
-    resource_types = ("Patient", "Observation", "MedicationRequest")
+    resource_types = ("Patient", "Observation", "ServiceRequest")
     sequences = (("searchResources", "searchResources", "createResource"),)
-    LOW = True
-
-
-@register
-class MagnesiumNoOrder(_Magnesium):
-    """Same prompt as magnesium_replacement with a normal value: report it and write nothing."""
-
-    id = "clinical.magnesium_no_order"
-    title = "Same request as magnesium_replacement, but the magnesium is normal: order nothing"
-    writes = False
-    resource_types = ("Patient", "Observation")
-    sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
-    LOW = False
-
-
-class _Hba1c(_Clinical):
-    """"Most recent" must skip an entered-in-error copy that would flip the one-year decision."""
-
-    DUE: bool
+    read_resource_types = ("Patient", "Observation")
+    read_sequences = (("searchResources", "searchResources"),)
+    branches = ("clinical.hba1c_reorder", "clinical.hba1c_not_due")
     difficulty = 3
     answer = AnswerSpec((Field("hba1c", "number", "the most recent HbA1c in %"),
                          Field("date", "date", "the day it was taken"),
@@ -1083,7 +1074,8 @@ class _Hba1c(_Clinical):
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         person = pick(rng, _adults(view))
-        days = rng.randint(400, 1000) if self.DUE else rng.randint(20, 330)
+        due = self.branch(view) == 0
+        days = rng.randint(400, 1000) if due else rng.randint(20, 330)
         world = _world_results(view, person["pid"], ("4548-4",))
         if any(r[0] > view.now - timedelta(days=1)
                or (r[1] in VALID and r[0] > view.now - timedelta(days=days + 2)) for r in world):
@@ -1091,7 +1083,7 @@ class _Hba1c(_Clinical):
         draws = [[days * 1440 + rng.randint(0, 600), _lab_value(rng, "4548-4"), "final"]]
         distractor = rng.random()
         if distractor < 0.5:  # a newer entered-in-error copy (inside the year when the real one is older)
-            newer = rng.randint(20, 300) if self.DUE else rng.randint(1, days - 1)
+            newer = rng.randint(20, 300) if due else rng.randint(1, days - 1)
             wrong = _slip(rng, draws[0][1], up=True)
             draws.append([newer * 1440 + rng.randint(0, 600), wrong, "entered-in-error"])
         elif distractor < 0.75:
@@ -1111,7 +1103,7 @@ class _Hba1c(_Clinical):
         latest = _latest_valid(_all_results(view, params["pid"], "4548-4", params["draws"]), view.now)
         assert latest is not None
         due = latest[0] < view.now - timedelta(days=365)
-        assert due == self.DUE, params
+        assert due == (self.branch(view) == 0), params
         expects = []
         if due:
             expects.append(Expect("create", "ServiceRequest", checks=(
@@ -1130,31 +1122,6 @@ class _Hba1c(_Clinical):
         if due:
             create(tools, _service_request(pid, LOINC, "4548-4", LABS["4548-4"][0], now, priority="routine"))
         return answer_text({"hba1c": last["valueQuantity"]["value"], "date": last["effectiveDateTime"][:10], "ordered": due})
-
-
-@register
-class Hba1cReorder(_Hba1c):
-    """The last valid HbA1c is over a year old: order a new one (the recent case is hba1c_not_due)."""
-
-    id = "clinical.hba1c_reorder"
-    title = "HbA1c older than a year: order a new one"
-    writes = True
-    resource_types = ("Patient", "Observation", "ServiceRequest")
-    sequences = (("searchResources", "searchResources", "createResource"),)
-    DUE = True
-
-
-@register
-class Hba1cNotDue(_Hba1c):
-    """Same prompt as hba1c_reorder with a result from the past year: report it and write nothing."""
-
-    id = "clinical.hba1c_not_due"
-    title = "Same request as hba1c_reorder, but the last HbA1c is recent: report it, order nothing"
-    writes = False
-    resource_types = ("Patient", "Observation")
-    sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
-    DUE = False
 
 
 @register

@@ -24,7 +24,6 @@ from ..draw import EitherWay, human_date, pick
 from ..facts import full_name
 from ..solve import find_patients
 
-READ_ONLY = ("createResource", "updateResource", "deleteResource")
 SURGICAL = "387713003"
 GENETIC_REPORT = ("51969-4", "Genetic analysis report")
 CHEST_XRAY = "36643-5"
@@ -298,7 +297,6 @@ class _PlanQuestion(Family):
     writes = False
     resource_types = ("Patient", "ServiceRequest")
     sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
     answer = PLAN_ANSWER
 
     def prompt(self, params: dict) -> str:

@@ -29,10 +29,6 @@ from ..facts import (
 )
 from ..solve import find_patient, find_patients
 
-READ_ONLY = ("createResource", "updateResource", "deleteResource")
-
-
-
 
 @register
 class FindPatient(Family):
@@ -43,7 +39,6 @@ class FindPatient(Family):
     writes = False
     resource_types = ("Patient",)
     sequences = (("searchResources",),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("patient_id", "id", "the Patient resource id"),))
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -205,7 +200,6 @@ class PatientNotFound(EitherWay):
     writes = False
     resource_types = ("Patient",)
     sequences = (("searchResources",),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec(FindPatient.answer.fields, none_allowed=True)
     found = FindPatient
 
@@ -308,7 +302,6 @@ class PatientCondition(Family):
     writes = False
     resource_types = ("Patient", "Condition")
     sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
     answer = CONDITION_ANSWER
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -369,7 +362,6 @@ class NoCondition(EitherWay):
     writes = False
     resource_types = ("Patient", "Condition")
     sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec(CONDITION_ANSWER.fields, none_allowed=True)
     found = PatientCondition
 

@@ -26,7 +26,6 @@ from ..checks import ref_id
 from ..draw import deal, deal_by_gold, human_date, negative_seed
 from ..facts import full_name
 
-READ_ONLY = ("createResource", "updateResource", "deleteResource")
 HOLDING = frozenset({"booked", "arrived", "fulfilled", "noshow", "checked-in"})
 WEEKDAY_NAMES = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 NUMBER_WORDS = {2: "two", 3: "three", 4: "four", 5: "five", 7: "seven", 10: "ten", 14: "fourteen",
@@ -319,7 +318,6 @@ class EarliestSpecialtySlot(Family):
     writes = False
     resource_types = ("Slot",)
     sequences = (("searchResources",),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("start", "datetime", "the slot's start time"),
                          Field("doctor", "text", "the doctor's first and last name")))
 
@@ -363,7 +361,6 @@ class EarliestMatchingDoctorSlot(Family):
     writes = False
     resource_types = ("Slot",)
     sequences = (("searchResources",),)
-    prohibited_tools = READ_ONLY
     answer = SLOT_ANSWER
 
     @staticmethod
@@ -444,7 +441,6 @@ class CountSpecialtySlots(Family):
     writes = False
     resource_types = ("Slot",)
     sequences = (("searchResources",),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("count", "int", "the number of free slots"),))
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -496,7 +492,6 @@ class FirstDoctorSlot(Family):
     writes = False
     resource_types = ("Slot",)
     sequences = (("searchResources",),)
-    prohibited_tools = READ_ONLY
     answer = SLOT_ANSWER
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -531,7 +526,6 @@ class CountUrgentSlots(Family):
     writes = False
     resource_types = ("Slot",)
     sequences = (("searchResources",),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("count", "int", "the number of free urgent-visit slots"),))
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -585,7 +579,6 @@ class NextWeekdaySlots(Family):
     writes = False
     resource_types = ("Slot",)
     sequences = (("searchResources",),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("slot_ids", "ids", "the Slot resource ids"),))
 
     @staticmethod
@@ -654,7 +647,6 @@ class FollowUpSlots(Family):
     writes = False
     resource_types = ("Slot",)
     sequences = (("searchResources",),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("count", "int", "how many free routine slots the doctor has in the window"),
                          Field("first_slot_id", "id", "the Slot resource id of the earliest of them")))
 
@@ -704,7 +696,6 @@ class WeekdayMorningSlots(Family):
     writes = False
     resource_types = ("Slot",)
     sequences = (("searchResources",),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("slot_ids", "ids", "the Slot resource ids"),))
 
     @staticmethod
@@ -812,7 +803,6 @@ class WhoBookedDoctorSlot(Family):
     writes = False
     resource_types = ("Appointment",)
     sequences = (("searchResources",),)
-    prohibited_tools = READ_ONLY
     answer = BOOKING_ANSWER
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -856,7 +846,6 @@ class WhoBookedClinicSlot(Family):
     writes = False
     resource_types = ("Appointment",)
     sequences = (("searchResources",),)
-    prohibited_tools = READ_ONLY
     answer = BOOKING_ANSWER
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
