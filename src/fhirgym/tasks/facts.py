@@ -6,7 +6,11 @@ is cached per world file (``View.cached``), so sampling an instance costs micros
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
+
 from ._family import View
+from .checks import ref_id, ref_key
 
 
 def official_name(resource: dict) -> dict:
@@ -88,3 +92,109 @@ def taken_names(view: View) -> set[tuple[str, str]]:
             out |= name_pairs(rp)
         return out
     return view.cached("records.taken_names", compute)
+
+
+# -- practitioners, roles, schedules, slots and appointments ------------------------------------------------
+
+def practitioners(view: View) -> dict[str, dict]:
+    """Every Practitioner of the world by id (active or retired, in the search's id order)."""
+    return view.cached("facts.practitioners", lambda: {p["id"]: p for p in view.search("Practitioner", {"_count": "1000"})})
+
+
+def roles(view: View) -> dict[str, dict]:
+    """Every PractitionerRole by id."""
+    return view.cached("facts.roles", lambda: {r["id"]: r for r in view.search("PractitionerRole", {"_count": "1000"})})
+
+
+def locations(view: View) -> dict[str, dict]:
+    """Every Location by id."""
+    return view.cached("facts.locations", lambda: {loc["id"]: loc for loc in view.search("Location", {"_count": "1000"})})
+
+
+def active_schedules(view: View) -> list[dict]:
+    """The active Schedules (the only ones that hold slots), in id order."""
+    return view.cached("facts.schedules", lambda: view.search("Schedule", {"active": "true", "_count": "1000"}))
+
+
+def _instant(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def _urgent(resource: dict) -> bool:
+    return any(c.get("code") == "EMERGENCY" for c in (resource.get("appointmentType") or {}).get("coding", []))
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A 30-minute Slot of a Schedule."""
+
+    id: str
+    schedule: str  # Schedule id
+    start: str  # ISO instant as the world writes it (…Z): strings compare as times
+    end: str
+    status: str  # free, busy, busy-unavailable …
+    urgent: bool  # kept for urgent visits (appointmentType v2-0276 EMERGENCY)
+
+    @property
+    def at(self) -> datetime:
+        """``start`` as an aware UTC datetime."""
+        return _instant(self.start)
+
+
+@dataclass(frozen=True)
+class Appointment:
+    """An Appointment, with its participants' actors in order."""
+
+    id: str
+    status: str
+    start: str | None
+    participants: tuple[tuple[str, str], ...]  # (resource type, id) of each participant's actor
+    slot: str | None  # the first Slot id
+    urgent: bool  # appointmentType EMERGENCY
+    specialty: str  # specialty[0].text, "" if none
+    requested: tuple[str, str] | None  # requestedPeriod[0] start and end dates (a waitlist entry)
+
+    @property
+    def at(self) -> datetime | None:
+        return _instant(self.start) if self.start else None
+
+    def actor(self, rtype: str) -> str | None:
+        """The first participant of this type."""
+        return next((i for t, i in self.participants if t == rtype), None)
+
+    @property
+    def patient(self) -> str | None:
+        return self.actor("Patient")
+
+    @property
+    def practitioner(self) -> str | None:
+        return self.actor("Practitioner")
+
+    @property
+    def routine(self) -> bool:
+        """Not an urgent visit."""
+        return not self.urgent
+
+
+def slots(view: View) -> list[Slot]:
+    """Every Slot of the world, in id order (cached)."""
+    def compute() -> list[Slot]:
+        return [Slot(s["id"], ref_id(s.get("schedule"), "Schedule"), s["start"], s["end"], s["status"], _urgent(s))
+                for s in view.search("Slot", {"_count": "1000", "_elements": "schedule,status,start,end,appointmentType"})]
+    return view.cached("facts.slots", compute)
+
+
+def appointments(view: View) -> list[Appointment]:
+    """Every Appointment of the world, in id order (cached)."""
+    def compute() -> list[Appointment]:
+        out = []
+        for a in view.search("Appointment", {"_count": "1000"}):
+            keys = [ref_key(p.get("actor")) for p in a.get("participant", [])]
+            period = (a.get("requestedPeriod") or [None])[0]
+            out.append(Appointment(
+                a["id"], a["status"], a.get("start"), tuple(tuple(k.split("/", 1)) for k in keys if k),
+                ref_id((a.get("slot") or [None])[0], "Slot") or None, _urgent(a),
+                ((a.get("specialty") or [{}])[0].get("text")) or "",
+                (period["start"][:10], period["end"][:10]) if period else None))
+        return out
+    return view.cached("facts.appointments", compute)

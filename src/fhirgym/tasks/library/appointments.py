@@ -37,7 +37,16 @@ from ...tools import Toolbox
 from .. import Expect, Family, Gold, View, parse_instant, register
 from ..checks import Check, coded, custom, eq, on_day, ref, ref_id, ref_key, refs_exactly
 from ..draw import deal, human_date
-from ..facts import full_name, official_name
+from ..facts import (
+    Appointment,
+    Slot,
+    active_schedules,
+    appointments,
+    full_name,
+    official_name,
+    practitioners,
+    slots,
+)
 from ..solve import read, search, update
 
 T = TypeVar("T")
@@ -59,44 +68,21 @@ FREE_SHAPE = ("set the appointment's status to cancelled (leave the rest of it a
 # -- world facts (cached per world file) -----------------------------------------------------------------
 
 @dataclass
-class _Slot:
-    id: str
-    schedule: str
-    start: str  # ISO instant, ...Z (every instant of the world has this form, so strings compare)
-    end: str
-    status: str
-    urgent: bool  # kept for urgent visits (appointmentType EMERGENCY)
-
-
-@dataclass
-class _Appt:
-    id: str
-    status: str
-    start: str | None
-    at: datetime | None
-    patient: str | None
-    doctor: str | None  # practitioner id
-    slot: str | None
-    routine: bool  # not an urgent visit
-    requested: tuple[str, str] | None  # requestedPeriod start, end (dates)
-
-
-@dataclass
 class _World:
     doctors: dict[str, dict] = field(default_factory=dict)  # practitioner id -> facts (promptable ones)
     by_schedule: dict[str, str] = field(default_factory=dict)  # schedule id -> practitioner id (all)
     sched_code: dict[str, str] = field(default_factory=dict)  # schedule id -> SNOMED specialty code
-    slots: dict[str, list[_Slot]] = field(default_factory=dict)  # schedule id -> its slots by start
+    slots: dict[str, list[Slot]] = field(default_factory=dict)  # schedule id -> its slots by start
     starts: dict[str, list[str]] = field(default_factory=dict)  # schedule id -> their starts (bisect)
-    at: dict[str, list[_Slot]] = field(default_factory=dict)  # start -> every slot starting then
-    slot_by_id: dict[str, _Slot] = field(default_factory=dict)
-    appts: dict[str, _Appt] = field(default_factory=dict)
-    by_patient: dict[str, list[_Appt]] = field(default_factory=lambda: defaultdict(list))
-    booked: dict[str, list[_Appt]] = field(default_factory=dict)  # patient -> booked, by start
+    at: dict[str, list[Slot]] = field(default_factory=dict)  # start -> every slot starting then
+    slot_by_id: dict[str, Slot] = field(default_factory=dict)
+    appts: dict[str, Appointment] = field(default_factory=dict)
+    by_patient: dict[str, list[Appointment]] = field(default_factory=lambda: defaultdict(list))
+    booked: dict[str, list[Appointment]] = field(default_factory=dict)  # patient -> booked, by start
     patients: dict[str, dict] = field(default_factory=dict)  # promptable patients: id -> name, birth ...
     holding_days: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     rivalled: set[str] = field(default_factory=set)  # free slots beside a same-time free slot of a rival
-    movable: list[_Appt] = field(default_factory=list)  # booked routine visits, promptable people
+    movable: list[Appointment] = field(default_factory=list)  # booked routine visits, promptable people
 
 
 def _z(dt: datetime) -> str:
@@ -111,19 +97,14 @@ def _id(reference: object, rtype: str) -> str | None:
     return ref_id(reference, rtype) or None
 
 
-def _actor(resource: dict, rtype: str) -> str | None:
-    return next((i for p in resource.get("participant", []) if (i := _id(p.get("actor"), rtype))), None)
-
-
 def _urgent(resource: dict) -> bool:
     codings = (resource.get("appointmentType") or {}).get("coding", [])
     return any(c.get("code") == "EMERGENCY" for c in codings)
 
 
 def _build_doctors(view: View, w: _World) -> None:
-    scheds = view.search("Schedule", {"active": "true", "_count": "1000"})
-    pracs = {p["id"]: p for p in view.search("Practitioner", {"_count": "1000",
-                                                              "_elements": "name,address,active"})}
+    scheds = active_schedules(view)
+    pracs = practitioners(view)
     by_name: dict[tuple[str, str], list[str]] = defaultdict(list)
     for p in pracs.values():
         n = official_name(p)
@@ -155,13 +136,10 @@ def _build_doctors(view: View, w: _World) -> None:
 
 
 def _build_slots(view: View, w: _World) -> None:
-    wanted = "schedule,status,start,end,appointmentType"
-    for s in view.search("Slot", {"_count": "1000", "_elements": wanted}):
-        sched = _id(s.get("schedule"), "Schedule")
-        if sched not in w.by_schedule:
+    for slot in slots(view):
+        if slot.schedule not in w.by_schedule:
             continue
-        slot = _Slot(s["id"], sched, s["start"], s["end"], s["status"], _urgent(s))
-        w.slots.setdefault(sched, []).append(slot)
+        w.slots.setdefault(slot.schedule, []).append(slot)
         w.at.setdefault(slot.start, []).append(slot)
         w.slot_by_id[slot.id] = slot
     for sched, items in w.slots.items():
@@ -169,7 +147,7 @@ def _build_slots(view: View, w: _World) -> None:
         w.starts[sched] = [x.start for x in items]
     name = {d["schedule"]: d["name"] for d in w.doctors.values()}
 
-    def rivals(a: _Slot, b: _Slot) -> bool:  # b's doctor could be mistaken for a's
+    def rivals(a: Slot, b: Slot) -> bool:  # b's doctor could be mistaken for a's
         same_name = a.schedule in name and name.get(b.schedule) == name[a.schedule]
         same_specialty = w.sched_code[b.schedule] == w.sched_code[a.schedule]
         return b.schedule != a.schedule and (same_specialty or same_name)
@@ -192,12 +170,7 @@ def _build_people(view: View, w: _World) -> None:
         w.patients[p["id"]] = {"id": p["id"], "name": full_name(p), "given": (n.get("given") or [""])[0],
                                "family": n.get("family", ""), "birth": p["birthDate"],
                                "gender": p.get("gender")}
-    for a in view.search("Appointment", {"_count": "1000"}):
-        period = (a.get("requestedPeriod") or [None])[0]
-        appt = _Appt(a["id"], a["status"], a.get("start"), _dt(a["start"]) if a.get("start") else None,
-                     _actor(a, "Patient"), _actor(a, "Practitioner"),
-                     _id((a.get("slot") or [None])[0], "Slot"), not _urgent(a),
-                     (period["start"][:10], period["end"][:10]) if period else None)
+    for appt in appointments(view):
         w.appts[appt.id] = appt
         if appt.patient:
             w.by_patient[appt.patient].append(appt)
@@ -206,7 +179,7 @@ def _build_people(view: View, w: _World) -> None:
     for pid, items in w.by_patient.items():
         w.booked[pid] = sorted((a for a in items if a.status == "booked" and a.at),
                                key=lambda a: a.start or "")
-        w.movable += [a for a in w.booked[pid] if pid in w.patients and a.doctor in w.doctors and a.routine
+        w.movable += [a for a in w.booked[pid] if pid in w.patients and a.practitioner in w.doctors and a.routine
                       and a.slot in w.slot_by_id]
     w.movable.sort(key=lambda a: (a.patient or "", a.start or ""))
 
@@ -223,7 +196,7 @@ def _world(view: View) -> _World:
     return view.cached("appt_world", lambda: _build(view))
 
 
-def _upcoming(w: _World, pid: str, now: datetime) -> list[_Appt] | None:
+def _upcoming(w: _World, pid: str, now: datetime) -> list[Appointment] | None:
     """The patient's booked appointments after now, by start; None if one is too close to now to be clear."""
     booked = w.booked.get(pid, [])
     if any(abs(a.at - now) <= MARGIN for a in booked if a.at):
@@ -231,7 +204,7 @@ def _upcoming(w: _World, pid: str, now: datetime) -> list[_Appt] | None:
     return [a for a in booked if a.at and a.at > now]
 
 
-def _free(w: _World, sched: str, after: str) -> Iterator[_Slot]:
+def _free(w: _World, sched: str, after: str) -> Iterator[Slot]:
     """The schedule's free routine slots starting at or after ``after``, by start."""
     items = w.slots.get(sched, [])
     for s in items[bisect_left(w.starts.get(sched, []), after):]:
@@ -367,7 +340,7 @@ def _absent(*paths: str) -> Check:
     return Check(paths[0], f"no {', '.join(paths)}", fn, light=False)
 
 
-def _booked(slot: _Slot, patient: str, practitioner: str) -> tuple[Check, ...]:
+def _booked(slot: Slot, patient: str, practitioner: str) -> tuple[Check, ...]:
     return (eq("status", "booked"), refs_exactly("slot", [f"Slot/{slot.id}"]), _at("start", slot.start),
             _at("end", slot.end), _participants(f"Patient/{patient}", f"Practitioner/{practitioner}", True))
 
@@ -376,7 +349,7 @@ def _slot_to(slot_id: str, status: str) -> Expect:
     return Expect("update", "Slot", id=slot_id, checks=(eq("status", status),))
 
 
-def _cancel_gold(w: _World, appt: _Appt, reason: str | None) -> Gold:
+def _cancel_gold(w: _World, appt: Appointment, reason: str | None) -> Gold:
     checks: tuple[Check, ...] = (eq("status", "cancelled"), _participants(None, None, False),
                                  coded("cancelationReason", CANCELLATION_REASON, reason) if reason
                                  else _may_set("cancelationReason"))
@@ -638,12 +611,12 @@ class CancelWithProvider(Family):
         options = []
         for pid in sorted(w.patients):
             up = _upcoming(w, pid, view.now) or []
-            docs = [a.doctor for a in up]
-            options += [(a, len(up)) for a in up if a.doctor in w.doctors and docs.count(a.doctor) == 1]
+            docs = [a.practitioner for a in up]
+            options += [(a, len(up)) for a in up if a.practitioner in w.doctors and docs.count(a.practitioner) == 1]
         a = _prefer(view, options)
-        if a is None or a.patient is None or a.doctor is None:
+        if a is None or a.patient is None or a.practitioner is None:
             return None
-        return {**_patient_params(w.patients[a.patient]), **_doctor_params(w.doctors[a.doctor]),
+        return {**_patient_params(w.patients[a.patient]), **_doctor_params(w.doctors[a.practitioner]),
                 "appointment_id": a.id, "reason": list(rng.choice(PATIENT_REASONS))}
 
     def prompt(self, params: dict) -> str:
@@ -654,7 +627,7 @@ class CancelWithProvider(Family):
     def gold(self, view: View, params: dict) -> Gold:
         w = _world(view)
         up = _upcoming(w, params["patient_id"], view.now) or []
-        match = [a for a in up if a.doctor == params["doc_id"]]
+        match = [a for a in up if a.practitioner == params["doc_id"]]
         assert len(match) == 1 and match[0].id == params["appointment_id"]
         return _cancel_gold(w, match[0], params["reason"][0])
 
@@ -709,12 +682,12 @@ class CancelMondayAppointment(Family):
 
 # -- waitlist ----------------------------------------------------------------------------------------------
 
-def _waitlisted(w: _World) -> list[_Appt]:
+def _waitlisted(w: _World) -> list[Appointment]:
     """Every waitlist entry of a promptable patient and doctor, the patient's only one with that doctor."""
     out = []
     for a in w.appts.values():
-        if a.status == "waitlist" and a.patient in w.patients and a.doctor in w.doctors and a.requested:
-            same = [b for b in w.by_patient[a.patient] if b.status == "waitlist" and b.doctor == a.doctor]
+        if a.status == "waitlist" and a.patient in w.patients and a.practitioner in w.doctors and a.requested:
+            same = [b for b in w.by_patient[a.patient] if b.status == "waitlist" and b.practitioner == a.practitioner]
             if len(same) == 1:
                 out.append(a)
     return sorted(out, key=lambda a: a.id)
@@ -738,7 +711,7 @@ class AddToWaitlist(Family):
         doc = rng.choice(_usable_doctors(w))
         by_specialty = rng.random() < 0.35
         def free_of(p: dict) -> bool:  # not on a waitlist this request would duplicate
-            return not any(a.status == "waitlist" and (by_specialty or a.doctor == doc["id"])
+            return not any(a.status == "waitlist" and (by_specialty or a.practitioner == doc["id"])
                            for a in w.by_patient[p["id"]])
 
         p = _pick_patient(w, rng, free_of, doc, view.now.date())
@@ -791,15 +764,15 @@ class AddToWaitlist(Family):
         return "Added the patient to the waitlist."
 
 
-def _window_slot(w: _World, a: _Appt, now: datetime) -> _Slot | None:
+def _window_slot(w: _World, a: Appointment, now: datetime) -> Slot | None:
     """The doctor's earliest free routine slot inside the entry's requested period, after now, on a day the
     patient holds no other booking; None when that answer would sit on a boundary (within minutes of now,
     or on/after the period's last day, whose inclusion a reader may doubt)."""
-    if a.requested is None or a.doctor not in w.doctors or a.patient is None:
+    if a.requested is None or a.practitioner not in w.doctors or a.patient is None:
         return None
     first, last = a.requested
     taken = w.holding_days[a.patient]
-    for s in _free(w, w.doctors[a.doctor]["schedule"], max(_z(now), first + "T00:00:00Z")):
+    for s in _free(w, w.doctors[a.practitioner]["schedule"], max(_z(now), first + "T00:00:00Z")):
         if s.start[:10] >= last or _dt(s.start) - now < SOON:
             return None
         if s.start[:10] not in taken:
@@ -826,8 +799,8 @@ class WaitlistToSlot(Family):
         if not options:
             return None
         a = deal(view, options)  # by seed: no option is the gold of many seeds
-        assert a.patient is not None and a.doctor is not None
-        return {**_patient_params(w.patients[a.patient]), **_doctor_params(w.doctors[a.doctor]),
+        assert a.patient is not None and a.practitioner is not None
+        return {**_patient_params(w.patients[a.patient]), **_doctor_params(w.doctors[a.practitioner]),
                 "appointment_id": a.id}
 
     def prompt(self, params: dict) -> str:
@@ -885,8 +858,8 @@ class RemoveFromWaitlist(Family):
         if not options:
             return None
         a = deal(view, options)  # by seed: no option is the gold of many seeds
-        assert a.patient is not None and a.doctor is not None
-        return {**_patient_params(w.patients[a.patient]), **_doctor_params(w.doctors[a.doctor]),
+        assert a.patient is not None and a.practitioner is not None
+        return {**_patient_params(w.patients[a.patient]), **_doctor_params(w.doctors[a.practitioner]),
                 "appointment_id": a.id}
 
     def prompt(self, params: dict) -> str:
@@ -910,7 +883,7 @@ class RemoveFromWaitlist(Family):
 
 # -- rescheduling ------------------------------------------------------------------------------------------
 
-def _movable(w: _World, now: datetime) -> list[_Appt]:
+def _movable(w: _World, now: datetime) -> list[Appointment]:
     """Upcoming routine bookings of promptable patients with promptable doctors, clear of now."""
     clear: dict[str, bool] = {}
     out = []
@@ -937,7 +910,7 @@ class RescheduleNextMonday(Family):
     sequences = (("searchResources", "updateResource", "updateResource", "updateResource"),)
 
     @staticmethod
-    def _target(w: _World, schedule: str, start: str, now: datetime) -> _Slot | None:
+    def _target(w: _World, schedule: str, start: str, now: datetime) -> Slot | None:
         monday, _ = _next_monday(now)
         at = _z(datetime.combine(monday, _dt(start).time(), tzinfo=UTC))
         return next((s for s in w.at.get(at, []) if s.schedule == schedule), None)
@@ -951,13 +924,13 @@ class RescheduleNextMonday(Family):
     def sample(self, view: View, rng: random.Random) -> dict | None:
         w = _world(view)
         phrase = _next_monday(view.now)[1]
-        options = [a for a in _movable(w, view.now) if a.doctor and a.patient and a.start
-                   and self._fits(w, w.doctors[a.doctor]["schedule"], a.start, a.patient, view.now)]
+        options = [a for a in _movable(w, view.now) if a.practitioner and a.patient and a.start
+                   and self._fits(w, w.doctors[a.practitioner]["schedule"], a.start, a.patient, view.now)]
         if not options:
             return self._staged(w, view, rng)
         a = deal(view, options)  # by seed: no option is the gold of many seeds
-        assert a.patient and a.doctor and a.start
-        return {**_patient_params(w.patients[a.patient]), **_doctor_params(w.doctors[a.doctor]),
+        assert a.patient and a.practitioner and a.start
+        return {**_patient_params(w.patients[a.patient]), **_doctor_params(w.doctors[a.practitioner]),
                 "appointment_id": a.id, "day": a.start[:10], "monday_phrase": phrase}
 
     def _staged(self, w: _World, view: View, rng: random.Random) -> dict | None:
@@ -1059,7 +1032,7 @@ class RescheduleOtherProvider(Family):
     sequences = (("searchResources", "updateResource", "updateResource", "updateResource"),)
 
     @staticmethod
-    def _alternatives(w: _World, a: _Appt) -> list[_Slot]:
+    def _alternatives(w: _World, a: Appointment) -> list[Slot]:
         """Free slots (any kind) of other doctors of the appointment's specialty at the same instant."""
         slot = w.slot_by_id[a.slot or ""]
         return [s for s in w.at.get(slot.start, []) if s.schedule != slot.schedule and s.status == "free"
@@ -1075,8 +1048,8 @@ class RescheduleOtherProvider(Family):
         if not options:
             return None
         a = deal(view, options)  # by seed: no option is the gold of many seeds
-        assert a.patient and a.doctor
-        d = w.doctors[a.doctor]
+        assert a.patient and a.practitioner
+        d = w.doctors[a.practitioner]
         return {**_patient_params(w.patients[a.patient]), **_doctor_params(d), "appointment_id": a.id,
                 "at": a.start, "specialty": d["specialty"]}
 
