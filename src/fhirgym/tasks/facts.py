@@ -6,6 +6,7 @@ is cached per world file (``View.cached``), so sampling an instance costs micros
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -28,19 +29,39 @@ def patient_ref(p: dict) -> str:
     return f"Patient/{p['id']}"
 
 
+def patients(view: View) -> list[dict]:
+    """Every Patient of the world (living or not), in id order: the one read the patient finders share."""
+    return view.cached("facts.patients", lambda: view.search("Patient", {"_count": "1000"}))
+
+
+def alive(p: dict) -> bool:
+    return "deceasedDateTime" not in p and not p.get("deceasedBoolean")
+
+
+def identifiable_patients(view: View) -> list[dict]:
+    """Living patients with an active record whose name and birth date no other patient shares (a prompt
+    names them by both), in id order."""
+    def compute() -> list[dict]:
+        every = patients(view)
+        counts = Counter((full_name(p).casefold(), p.get("birthDate")) for p in every)
+        return [p for p in sorted(every, key=lambda p: p["id"])
+                if p.get("birthDate") and p.get("name") and p.get("active") is not False and alive(p)
+                and counts[(full_name(p).casefold(), p["birthDate"])] == 1]
+    return view.cached("facts.identifiable_patients", compute)
+
+
 def living_patients(view: View) -> list[dict]:
     """Patients of the world (base only, cached), alive, with a name and birth date, sorted by id."""
     def compute() -> list[dict]:
-        pats = view.search("Patient", {"_count": "1000", "_elements": "name,birthDate,gender,deceased,identifier,address"})
-        return sorted((p for p in pats if p.get("birthDate") and p.get("name")
-                       and "deceasedDateTime" not in p and not p.get("deceasedBoolean")), key=lambda p: p["id"])
+        return sorted((p for p in patients(view) if p.get("birthDate") and p.get("name") and alive(p)),
+                      key=lambda p: p["id"])
     return view.cached("living_patients", compute)
 
 
 def unique_name_patients(view: View) -> list[dict]:
     """Living patients whose given+family name no other patient shares (a name alone identifies them)."""
     def compute() -> list[dict]:
-        every = view.search("Patient", {"_count": "1000", "_elements": "name"})
+        every = patients(view)
         counts: dict[str, int] = {}
         for p in every:
             counts[full_name(p).lower()] = counts.get(full_name(p).lower(), 0) + 1
@@ -51,8 +72,7 @@ def unique_name_patients(view: View) -> list[dict]:
 def all_patients(view: View) -> list[dict]:
     """Every Patient of the world (living or not) with name and birth date, sorted by id (cached)."""
     def compute() -> list[dict]:
-        pats = view.search("Patient", {"_count": "1000", "_elements": "name,birthDate,gender,deceased"})
-        return sorted((p for p in pats if p.get("name")), key=lambda p: p["id"])
+        return sorted((p for p in patients(view) if p.get("name")), key=lambda p: p["id"])
     return view.cached("records.all_patients", compute)
 
 
@@ -198,3 +218,44 @@ def appointments(view: View) -> list[Appointment]:
                 (period["start"][:10], period["end"][:10]) if period else None))
         return out
     return view.cached("facts.appointments", compute)
+
+
+# -- coverage, accounts, related persons, organisations --------------------------------------------------------
+
+def _by_target(view: View, rtype: str, element: str) -> dict[str, list[dict]]:
+    """Every resource of ``rtype`` under the id of each resource its ``element`` references (search order)."""
+    def compute() -> dict[str, list[dict]]:
+        out: dict[str, list[dict]] = {}
+        for res in view.search(rtype, {"_count": "1000"}):
+            target = res.get(element)
+            for pid in {ref_id(t) for t in (target if isinstance(target, list) else [target])}:
+                out.setdefault(pid, []).append(res)
+        return out
+    return view.cached(f"facts.{rtype}.{element}", compute)
+
+
+def coverages(view: View) -> dict[str, list[dict]]:
+    """Every Coverage under its beneficiary's id."""
+    return _by_target(view, "Coverage", "beneficiary")
+
+
+def accounts(view: View) -> dict[str, list[dict]]:
+    """Every Account under each of its subjects' ids."""
+    return _by_target(view, "Account", "subject")
+
+
+def related_persons(view: View) -> dict[str, list[dict]]:
+    """Every RelatedPerson under its patient's id."""
+    return _by_target(view, "RelatedPerson", "patient")
+
+
+def related_by_id(view: View) -> dict[str, dict]:
+    """Every RelatedPerson by its own id."""
+    return view.cached("facts.related_by_id",
+                       lambda: {r["id"]: r for rs in related_persons(view).values() for r in rs})
+
+
+def organizations(view: View) -> dict[str, dict]:
+    """Every Organization by id."""
+    return view.cached("facts.organizations",
+                       lambda: {o["id"]: o for o in view.search("Organization", {"_count": "1000"})})

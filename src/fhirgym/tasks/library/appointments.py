@@ -43,6 +43,7 @@ from ..facts import (
     active_schedules,
     appointments,
     full_name,
+    identifiable_patients,
     official_name,
     practitioners,
     slots,
@@ -158,15 +159,8 @@ def _build_slots(view: View, w: _World) -> None:
 
 
 def _build_people(view: View, w: _World) -> None:
-    pats = view.search("Patient", {"_count": "1000", "_elements": "name,birthDate,deceased,active,gender"})
-    seen: dict[tuple[str, str], int] = defaultdict(int)
-    for p in pats:
-        seen[(full_name(p).casefold(), p.get("birthDate", ""))] += 1
-    for p in pats:
+    for p in identifiable_patients(view):
         n = official_name(p)
-        if (not p.get("birthDate") or not p.get("name") or "deceasedDateTime" in p or p.get("deceasedBoolean")
-                or p.get("active") is False or seen[(full_name(p).casefold(), p["birthDate"])] != 1):
-            continue
         w.patients[p["id"]] = {"id": p["id"], "name": full_name(p), "given": (n.get("given") or [""])[0],
                                "family": n.get("family", ""), "birth": p["birthDate"],
                                "gender": p.get("gender")}

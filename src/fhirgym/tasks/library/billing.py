@@ -18,7 +18,18 @@ from ...world import EMPLOYERS, INSURERS
 from .. import NOT_FOUND, AnswerSpec, Expect, Family, Field, Gold, View, answer_text, register
 from ..checks import Check, coded, custom, eq, on_day, phone_check, ref, ref_id, ref_key, refs_exactly
 from ..draw import EitherWay, deal, human_date, new_name, new_phone, pick, pronoun, random_birth
-from ..facts import all_patients, full_name, living_patients, official_name, unique_patient
+from ..facts import (
+    accounts,
+    all_patients,
+    coverages,
+    full_name,
+    living_patients,
+    official_name,
+    organizations,
+    related_by_id,
+    related_persons,
+    unique_patient,
+)
 from ..solve import find_patient
 
 #: v3-RoleCode relationship -> (word, gender)
@@ -37,34 +48,13 @@ def _code(concept: object) -> str | None:
     return next((c.get("code") for c in (concept or {}).get("coding", [])), None) if isinstance(concept, dict) else None
 
 
-def billing_facts(view: View) -> dict[str, dict[str, list[dict]]]:
-    """The world's billing data, read once per world file (its gold is a pure function of it): Coverages
-    (``coverage``, by beneficiary id), Accounts (``account``, by subject id), RelatedPersons (``related``,
-    by patient id; ``related_id``, by their own id) and Organization names (``org``, by id)."""
-    def compute() -> dict[str, dict[str, list[dict]]]:
-        out: dict[str, dict[str, list[dict]]] = {"coverage": {}, "account": {}, "related": {}, "related_id": {},
-                                                 "org": {}}
-        for kind, rtype, element in (("coverage", "Coverage", "beneficiary"), ("account", "Account", "subject"),
-                                     ("related", "RelatedPerson", "patient")):
-            for res in view.search(rtype, {"_count": "1000"}):
-                target = res.get(element)
-                for pid in {ref_id(t) for t in (target if isinstance(target, list) else [target])}:
-                    out[kind].setdefault(pid, []).append(res)
-                if rtype == "RelatedPerson":
-                    out["related_id"][res["id"]] = [res]
-        for org in view.search("Organization", {"_count": "1000", "_elements": "name"}):
-            out["org"][org["id"]] = [org]
-        return out
-    return view.cached("billing.facts", compute)
-
-
 def candidates(view: View, key: str, fits: Callable[[View, dict], bool]) -> list[dict]:
     """Living patients for which ``fits(view, patient)`` holds, cached per world under ``billing.<key>``."""
     return view.cached(f"billing.{key}", lambda: [p for p in living_patients(view) if fits(view, p)])
 
 
 def _uninsured(view: View, p: dict) -> bool:
-    return not _active(billing_facts(view)["coverage"].get(p["id"], []))
+    return not _active(coverages(view).get(p["id"], []))
 
 
 def _active(coverages: list[dict]) -> list[dict]:
@@ -77,7 +67,7 @@ def _age(birth: str, on: date) -> int:
 
 
 def _insurer_ids(view: View, name: str) -> list[str]:
-    return sorted(oid for oid, (org,) in billing_facts(view)["org"].items() if org.get("name") == name)
+    return sorted(oid for oid, org in organizations(view).items() if org.get("name") == name)
 
 
 def _patient_key(params: dict) -> str:
@@ -123,7 +113,6 @@ class AddCoverage(Family):
     sequences = (("searchResources", "createResource", "createResource"),)
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
-        facts = billing_facts(view)
         p = pick(rng, candidates(view, "uninsured", _uninsured))
         if p is None:
             return None
@@ -141,7 +130,7 @@ class AddCoverage(Family):
                                  date.fromisoformat(p["birthDate"]) + timedelta(days=6 * 365))
             family = official_name(p).get("family") if rng.random() < 0.6 else None
         birth = min(birth, view.anchor - timedelta(days=19 * 365))
-        if any(_code(r.get("relationship")) == rel_code for r in facts["related"].get(p["id"], [])):
+        if any(_code(r.get("relationship")) == rel_code for r in related_persons(view).get(p["id"], [])):
             return None
         name = new_name(view, rng, gender, family)
         if name is None:
@@ -174,7 +163,7 @@ class AddCoverage(Family):
         patient = f"Patient/{unique_patient(view, params['name'], params['birth_date'])['id']}"
         insurers = _insurer_ids(view, params["insurer"])
         assert insurers, params["insurer"]
-        existing = set(billing_facts(view)["related_id"])
+        existing = set(related_by_id(view))
         payor = ref("payor", f"Organization/{insurers[0]}") if len(insurers) == 1 else custom(
             "payor", f"payor → one of {insurers}",
             lambda a, b: None if {ref_id(x) for x in a.get("payor") or []} & set(insurers) else "wrong payor")
@@ -261,7 +250,7 @@ def _solve_coverage(tools: Toolbox, params: dict) -> str:
 
 def _one_primary(view: View, p: dict) -> bool:
     """Exactly one active coverage is primary (order 1) and every other active one has an order."""
-    active = _active(billing_facts(view)["coverage"].get(p["id"], []))
+    active = _active(coverages(view).get(p["id"], []))
     primary = [c for c in active if c.get("order") == 1]
     return len(primary) == 1 and all(isinstance(c.get("order"), int) for c in active)
 
@@ -287,18 +276,18 @@ class FindCoverage(Family):
         if p is None:
             return None
         return {"patient_id": p["id"], "name": full_name(p), "birth_date": p["birthDate"], "gender": p.get("gender"),
-                "others": len(billing_facts(view)["coverage"][p["id"]]) - 1}
+                "others": len(coverages(view)[p["id"]]) - 1}
 
     def prompt(self, params: dict) -> str:
         return _coverage_prompt(params)
 
     def gold(self, view: View, params: dict) -> Gold:
         pid = unique_patient(view, params["name"], params["birth_date"])["id"]
-        active = _active(billing_facts(view)["coverage"].get(pid, []))
+        active = _active(coverages(view).get(pid, []))
         primary = [c for c in active if c.get("order") == 1]
         assert len(primary) == 1 and all(isinstance(c.get("order"), int) for c in active), params
         cov = primary[0]
-        org = billing_facts(view)["org"].get(ref_id(cov["payor"][0]), [{}])[0]
+        org = organizations(view).get(ref_id(cov["payor"][0]), {})
         payers = sorted({x for x in (org.get("name"), cov["payor"][0].get("display")) if x})
         members = sorted({x for x in [cov.get("subscriberId"), *(i.get("value") for i in cov.get("identifier", []))]
                           if x})
@@ -357,7 +346,7 @@ class NoCoverage(EitherWay):
     def gold_none(self, view: View, params: dict) -> Gold:
         pid = unique_patient(view, params["name"], params["birth_date"])["id"]
         added = [r for r in self.setup_none(view, params) if ref_id(r.get("beneficiary")) == pid]
-        assert not _active(billing_facts(view)["coverage"].get(pid, []) + added), params
+        assert not _active(coverages(view).get(pid, []) + added), params
         return Gold(answer=NOT_FOUND)
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
@@ -380,7 +369,7 @@ class CreateRelatedPerson(Family):
         p = pick(rng, living_patients(view))
         adult = _age(p["birthDate"], view.anchor) >= 18
         rel_code = rng.choice(("MTH", "FTH", "SPS") if adult else ("MTH", "FTH"))
-        if any(_code(r.get("relationship")) == rel_code for r in billing_facts(view)["related"].get(p["id"], [])):
+        if any(_code(r.get("relationship")) == rel_code for r in related_persons(view).get(p["id"], [])):
             return None
         born = date.fromisoformat(p["birthDate"])
         if rel_code == "SPS":
@@ -443,8 +432,8 @@ def _account_request(params: dict) -> str:
 
 
 def _only_account(view: View, p: dict) -> dict | None:
-    accounts = billing_facts(view)["account"].get(p["id"], [])
-    return accounts[0] if len(accounts) == 1 else None
+    held = accounts(view).get(p["id"], [])
+    return held[0] if len(held) == 1 else None
 
 
 def _account_holders(view: View) -> list[dict]:
@@ -454,9 +443,9 @@ def _account_holders(view: View) -> list[dict]:
 
 def _gold_account(view: View, params: dict) -> dict:
     pid = unique_patient(view, params["name"], params["birth_date"])["id"]
-    accounts = billing_facts(view)["account"].get(pid, [])
-    assert len(accounts) == 1, f"{params}: {len(accounts)} accounts"
-    return accounts[0]
+    held = accounts(view).get(pid, [])
+    assert len(held) == 1, f"{params}: {len(held)} accounts"
+    return held[0]
 
 
 def _find_account(tools: Toolbox, params: dict) -> dict | None:
@@ -482,11 +471,10 @@ class CreateAccount(Family):
     sequences = (("searchResources", "createResource"),)
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
-        p = pick(rng, candidates(view, "no_account", lambda v, q: not billing_facts(v)["account"].get(q["id"])))
+        p = pick(rng, candidates(view, "no_account", lambda v, q: not accounts(v).get(q["id"])))
         if p is None:
             return None
-        facts = billing_facts(view)
-        active = sorted(_active(facts["coverage"].get(p["id"], [])), key=lambda c: (c.get("order", 99), c["id"]))
+        active = sorted(_active(coverages(view).get(p["id"], [])), key=lambda c: (c.get("order", 99), c["id"]))
         payers = [c["payor"][0].get("display") or "" for c in active]
         if not all(payers) or len(payers) > 2:
             return None
@@ -505,9 +493,8 @@ class CreateAccount(Family):
 
     def gold(self, view: View, params: dict) -> Gold:
         pid = unique_patient(view, params["name"], params["birth_date"])["id"]
-        facts = billing_facts(view)
-        assert not facts["account"].get(pid), params
-        active = _active(facts["coverage"].get(pid, []))
+        assert not accounts(view).get(pid), params
+        active = _active(coverages(view).get(pid, []))
         assert len(active) == len(params["payers"]), params
         checks = [ref("subject", f"Patient/{pid}"), eq("status", "active"), eq("name", _account_name(params)),
                   coded("type", ACT_CODE, "PBILLACCT"), on_day("servicePeriod.start", view.now.date().isoformat())]
@@ -589,7 +576,7 @@ class SetGuarantor(Family):
         if p is None:
             return None
         account = _only_account(view, p)
-        related = billing_facts(view)["related"].get(p["id"], [])
+        related = related_persons(view).get(p["id"], [])
         if account is None or account.get("guarantor") or not related:
             return None
         rp = pick(rng, related)
@@ -606,7 +593,7 @@ class SetGuarantor(Family):
     def gold(self, view: View, params: dict) -> Gold:
         account = _gold_account(view, params)
         pid = ref_id(account["subject"][0])
-        rps = [r for r in billing_facts(view)["related"].get(pid, []) if _rp_name(r) == params["rp_name"]]
+        rps = [r for r in related_persons(view).get(pid, []) if _rp_name(r) == params["rp_name"]]
         assert len(rps) == 1 and not account.get("guarantor"), params
         return Gold(expects=[Expect("update", "Account", id=account["id"], checks=(
             ref("guarantor.party", f"RelatedPerson/{rps[0]['id']}"),
@@ -680,7 +667,7 @@ class FindGuarantor(Family):
         party_ref = guarantors[0]["party"]
         key = ref_key(party_ref) or ""
         rtype, rid = key.split("/", 1)
-        party = (billing_facts(view)["related_id"].get(rid, [{}])[0] if rtype == "RelatedPerson"
+        party = (related_by_id(view).get(rid, {}) if rtype == "RelatedPerson"
                  else next((p for p in all_patients(view) if p["id"] == rid), {}))
         names = {full_name(party), party_ref.get("display")}
         for n in party.get("name") or []:
@@ -714,7 +701,7 @@ class NoGuarantor(EitherWay):
         if p is None:
             return None
         account = _only_account(view, p)
-        relatives = len(billing_facts(view)["related"].get(p["id"], []))
+        relatives = len(related_persons(view).get(p["id"], []))
         if account is None or account.get("guarantor") or (not relatives and rng.random() < 0.5):
             return None  # (mostly) a patient with a relative on file who is not the guarantor
         return {"patient_id": p["id"], "name": full_name(p), "birth_date": p["birthDate"], "gender": p.get("gender"),

@@ -45,7 +45,7 @@ from ...tools import Toolbox
 from .. import NOT_FOUND, AnswerSpec, Expect, Family, Field, Gold, View, answer_text, register
 from ..checks import Check, coded, custom, eq, instant, on_day, ref, ref_id, values
 from ..draw import Branched, deal, deal_by_gold, human_date, negative_seed, pick
-from ..facts import official_name
+from ..facts import official_name, patients
 from ..solve import create, search_all
 
 VALID = ("final", "amended", "corrected")
@@ -101,8 +101,7 @@ def _people(view: View) -> list[dict]:
     """Living patients with an active record, a name, a birth date and an MRN (name+birth date unique)."""
     def compute() -> list[dict]:
         found = []
-        query = {"_count": "1000", "_elements": "name,birthDate,deceased,identifier,active"}
-        for p in view.search("Patient", query):
+        for p in patients(view):
             if p.get("active") is False or "deceasedDateTime" in p or p.get("deceasedBoolean"):
                 continue
             name = official_name(p)
@@ -130,7 +129,7 @@ def _all_mrns(view: View) -> dict[str, list[str]]:
     """MRN -> ids of every patient (living or not) with that MRN."""
     def compute() -> dict[str, list[str]]:
         out: dict[str, list[str]] = defaultdict(list)
-        for p in view.search("Patient", {"_count": "1000", "_elements": "identifier"}):
+        for p in patients(view):
             for i in p.get("identifier", []):
                 if i.get("system") == MRN and i.get("value"):
                     out[i["value"]].append(p["id"])

@@ -21,7 +21,7 @@ from ...world import INDICATIONS, SURGERIES
 from .. import NOT_FOUND, AnswerSpec, Expect, Family, Field, Gold, View, answer_text, parse_instant, register
 from ..checks import Check, coded, custom, eq, on_day, ref, ref_id, ref_key, refs_exactly, values
 from ..draw import EitherWay, human_date, pick
-from ..facts import full_name
+from ..facts import full_name, identifiable_patients, practitioners, roles
 from ..solve import find_patients
 
 SURGICAL = "387713003"
@@ -45,28 +45,19 @@ ORTHOPEDIC = ("609588000", "52734007")
 def _patients(view: View) -> dict[str, dict]:
     """Active living patients whose name and birth date identify them: id -> {name, birth_date, adult}."""
     def compute() -> dict[str, dict]:
-        every = view.search("Patient", {"_count": "1000", "_elements": "name,birthDate,deceased,active"})
-        counts = Counter((full_name(p).lower(), p.get("birthDate")) for p in every)
         adult_before = date(view.anchor.year - 18, view.anchor.month, min(view.anchor.day, 28)).isoformat()
-        out = {}
-        for p in sorted(every, key=lambda p: p["id"]):
-            if (not p.get("birthDate") or not p.get("name") or p.get("active") is False or "deceasedDateTime" in p
-                    or p.get("deceasedBoolean") or counts[(full_name(p).lower(), p["birthDate"])] != 1):
-                continue
-            out[p["id"]] = {"id": p["id"], "name": full_name(p), "birth_date": p["birthDate"],
-                            "adult": p["birthDate"] <= adult_before}
-        return out
+        return {p["id"]: {"id": p["id"], "name": full_name(p), "birth_date": p["birthDate"],
+                          "adult": p["birthDate"] <= adult_before} for p in identifiable_patients(view)}
     return view.cached("orders_patients", compute)
 
 
 def _doctors(view: View) -> dict[str, dict]:
     """Active practitioners with a unique full name and an active role: id -> {name, specialties}."""
     def compute() -> dict[str, dict]:
-        prs = view.search("Practitioner", {"_count": "1000", "_elements": "name,active"})
-        roles = view.search("PractitionerRole", {"_count": "1000", "_elements": "practitioner,specialty,active"})
+        prs = list(practitioners(view).values())
         counts = Counter(full_name(p).lower() for p in prs)
         specialties: dict[str, set[str]] = {}
-        for r in roles:
+        for r in roles(view).values():
             if r.get("active") is False:
                 continue
             texts = {(s.get("text") or next((c.get("display", "") for c in s.get("coding", [])), "")).lower()
