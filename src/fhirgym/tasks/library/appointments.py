@@ -34,8 +34,8 @@ from typing import TypeVar
 
 from ...spec.codes import APPOINTMENT_TYPE, CANCELLATION_REASON, PARTICIPATION_TYPE, SNOMED
 from ...tools import Toolbox
-from .. import Expect, Family, Gold, View, parse_instant, register
-from ..checks import Check, coded, custom, eq, on_day, ref, ref_id, ref_key, refs_exactly
+from .. import Expect, Family, Gold, View, register
+from ..checks import Check, absent, at, coded, custom, eq, may_set, on_day, ref, ref_id, ref_key, refs_exactly
 from ..draw import deal, human_date
 from ..facts import (
     Appointment,
@@ -300,22 +300,8 @@ def _participants(patient: str | None, practitioner: str | None, accepted: bool,
     return custom("participant", f"participants: {what}" + (", accepted" if accepted else ""), fn)
 
 
-def _at(path: str, expected: str) -> Check:
-    """The instant at ``path`` is ``expected`` (any ISO form or offset), to the minute."""
-    want = _dt(expected)
-
-    def fn(after: dict, before: dict | None) -> str | None:
-        for v in (after.get(path),) if not isinstance(after.get(path), list) else after[path]:
-            got = parse_instant(v) if v else None
-            if got is not None and abs((got - want).total_seconds()) < 60:
-                return None
-        return f"{path} is {after.get(path) or 'missing'}, expected {expected}"
-    return custom(path, f"{path} at {expected}", fn)
 
 
-def _may_set(path: str) -> Check:
-    """The element may be added or changed (e.g. a cancellation reason nobody asked for)."""
-    return Check(path, f"{path} may be set", lambda after, before: None, light=False)
 
 
 def _duration_ok() -> Check:
@@ -327,16 +313,11 @@ def _duration_ok() -> Check:
     return Check("minutesDuration", "minutesDuration absent or 30", fn, light=False)
 
 
-def _absent(*paths: str) -> Check:
-    def fn(after: dict, before: dict | None) -> str | None:
-        there = [p for p in paths if after.get(p)]
-        return f"{', '.join(there)} should not be set" if there else None
-    return Check(paths[0], f"no {', '.join(paths)}", fn, light=False)
 
 
 def _booked(slot: Slot, patient: str, practitioner: str) -> tuple[Check, ...]:
-    return (eq("status", "booked"), refs_exactly("slot", [f"Slot/{slot.id}"]), _at("start", slot.start),
-            _at("end", slot.end), _participants(f"Patient/{patient}", f"Practitioner/{practitioner}", True))
+    return (eq("status", "booked"), refs_exactly("slot", [f"Slot/{slot.id}"]), at("start", slot.start),
+            at("end", slot.end), _participants(f"Patient/{patient}", f"Practitioner/{practitioner}", True))
 
 
 def _slot_to(slot_id: str, status: str) -> Expect:
@@ -346,7 +327,7 @@ def _slot_to(slot_id: str, status: str) -> Expect:
 def _cancel_gold(w: _World, appt: Appointment, reason: str | None) -> Gold:
     checks: tuple[Check, ...] = (eq("status", "cancelled"), _participants(None, None, False),
                                  coded("cancelationReason", CANCELLATION_REASON, reason) if reason
-                                 else _may_set("cancelationReason"))
+                                 else may_set("cancelationReason"))
     slot = w.slot_by_id.get(appt.slot or "")
     assert slot is not None and slot.status == "busy", appt.id
     return Gold(expects=[Expect("update", "Appointment", id=appt.id, checks=checks),
@@ -740,7 +721,7 @@ class AddToWaitlist(Family):
         return Gold(expects=[Expect("create", "Appointment", checks=(
             eq("status", "waitlist"), on_day("requestedPeriod.start", params["start"]),
             on_day("requestedPeriod.end", params["end"]), ref("participant.actor", patient, extras=True), *who,
-            _absent("slot", "start", "end")))])
+            absent("slot", "start", "end")))])
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         patient = _find_patient(tools, params)
@@ -863,7 +844,7 @@ class RemoveFromWaitlist(Family):
 
     def gold(self, view: View, params: dict) -> Gold:
         return Gold(expects=[Expect("update", "Appointment", id=params["appointment_id"], checks=(
-            eq("status", "cancelled"), _participants(None, None, False), _may_set("cancelationReason")))])
+            eq("status", "cancelled"), _participants(None, None, False), may_set("cancelationReason")))])
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         patient = _find_patient(tools, params)
@@ -906,8 +887,8 @@ class RescheduleNextMonday(Family):
     @staticmethod
     def _target(w: _World, schedule: str, start: str, now: datetime) -> Slot | None:
         monday, _ = _next_monday(now)
-        at = _z(datetime.combine(monday, _dt(start).time(), tzinfo=UTC))
-        return next((s for s in w.at.get(at, []) if s.schedule == schedule), None)
+        moment = _z(datetime.combine(monday, _dt(start).time(), tzinfo=UTC))
+        return next((s for s in w.at.get(moment, []) if s.schedule == schedule), None)
 
     def _fits(self, w: _World, schedule: str, start: str, patient: str, now: datetime) -> bool:
         monday = _next_monday(now)[0].isoformat()
@@ -991,8 +972,8 @@ class RescheduleNextMonday(Family):
         old = w.slot_by_id[old_id]
         new = self._target(w, params["doc_schedule"], old.start, view.now)
         assert new is not None and new.status == "free"
-        checks = (eq("status", "booked"), refs_exactly("slot", [f"Slot/{new.id}"]), _at("start", new.start),
-                  _at("end", new.end), _participants(None, None, False))
+        checks = (eq("status", "booked"), refs_exactly("slot", [f"Slot/{new.id}"]), at("start", new.start),
+                  at("end", new.end), _participants(None, None, False))
         return Gold(expects=[Expect("update", "Appointment", id=params["appointment_id"], checks=checks),
                              _slot_to(old.id, "free"), _slot_to(new.id, "busy")])
 

@@ -43,7 +43,20 @@ from ...spec.codes import (
 )
 from ...tools import Toolbox
 from .. import NOT_FOUND, AnswerSpec, Expect, Family, Field, Gold, View, answer_text, register
-from ..checks import Check, coded, custom, eq, instant, on_day, ref, ref_id, values
+from ..checks import (
+    Check,
+    coded,
+    custom,
+    eq,
+    instant,
+    may_set,
+    note_has,
+    number_near,
+    on_day,
+    ref,
+    ref_id,
+    unit_is,
+)
 from ..draw import Branched, deal, deal_by_gold, human_date, negative_seed, pick
 from ..facts import official_name, patients
 from ..solve import create, search_all
@@ -330,38 +343,12 @@ def _slip(rng: random.Random, value: float, up: bool | None = None) -> float:
 # ------------------------------------------------------------------------------------------------
 # checks shared by the writing families
 # ------------------------------------------------------------------------------------------------
-def _unit_is(path: str, unit: str) -> Check:
-    """The Quantity at ``path`` has this UCUM unit (its code or its unit text, case-insensitive)."""
-    def fn(after: dict, before: dict | None) -> str | None:
-        for q in values(after, path):
-            if isinstance(q, dict) and unit.lower() in (str(q.get("code", "")).lower(),
-                                                        str(q.get("unit", "")).lower()):
-                return None
-        return f"{path} has no quantity in {unit}: {values(after, path) or 'missing'}"
-    return custom(path, f"{path} in {unit}", fn)
 
 
-def _number_near(path: str, expected: float, tolerance: float) -> Check:
-    def fn(after: dict, before: dict | None) -> str | None:
-        got = [v for v in values(after, path) if isinstance(v, int | float) and not isinstance(v, bool)]
-        return None if any(abs(v - expected) <= tolerance for v in got) else \
-            f"{path} is {got or 'missing'}, expected {expected:g} ± {tolerance:g}"
-    return custom(path, f"{path} ≈ {expected:g}", fn)
 
 
-def _note_has(path: str, text: str) -> Check:
-    """Free text at ``path`` contains ``text`` (case and white space ignored)."""
-    want = " ".join(text.lower().split()).rstrip(".")
-
-    def fn(after: dict, before: dict | None) -> str | None:
-        got = " ".join(" ".join(str(v) for v in values(after, path)).lower().split())
-        return None if want in got else f"{path} does not contain {text!r}"
-    return custom(path, f"{path} contains the stated note", fn)
 
 
-def _may_change(path: str) -> Check:
-    """Lets an update also set ``path`` (e.g. a reason) without counting it as a change the task forbids."""
-    return Check(path, f"{path} may be set", lambda after, before: None, light=False)
 
 
 def _vital_checks(pid: str, code: str, now: datetime) -> tuple[Check, ...]:
@@ -889,7 +876,7 @@ class _SimpleVital(_RecordVital):
     UNIT: str
 
     def value_checks(self, params: dict) -> tuple[Check, ...]:
-        return (eq("valueQuantity.value", params["value"]), _unit_is("valueQuantity", self.UNIT))
+        return (eq("valueQuantity.value", params["value"]), unit_is("valueQuantity", self.UNIT))
 
     def value_body(self, params: dict) -> dict:
         return {"valueQuantity": {"value": params["value"], "unit": self.UNIT, "system": UCUM,
@@ -951,8 +938,8 @@ class RecordTemperature(_RecordVital):
         return (params["fahrenheit"] - 32) * 5 / 9
 
     def value_checks(self, params: dict) -> tuple[Check, ...]:
-        return (_number_near("valueQuantity.value", self.celsius(params), 0.06),
-                _unit_is("valueQuantity", "Cel"))
+        return (number_near("valueQuantity.value", self.celsius(params), 0.06),
+                unit_is("valueQuantity", "Cel"))
 
     def value_body(self, params: dict) -> dict:
         return {"valueQuantity": {"value": round(self.celsius(params), 1), "unit": "Cel", "system": UCUM,
@@ -1030,7 +1017,7 @@ class MagnesiumIfLow(Branched, _Clinical):
                 ref("subject", f"Patient/{params['pid']}"), eq("status", "active"), eq("intent", "order"),
                 coded("medicationCodeableConcept", RXNORM, MAGNESIUM_SULFATE[0]),
                 eq("dosageInstruction.doseAndRate.doseQuantity.value", _magnesium_dose(latest[2])),
-                _unit_is("dosageInstruction.doseAndRate.doseQuantity", "g"),
+                unit_is("dosageInstruction.doseAndRate.doseQuantity", "g"),
                 coded("dosageInstruction.route", SNOMED, IV_ROUTE[0]))))
         return Gold(answer={"magnesium": latest[2], "ordered": low}, expects=expects)
 
@@ -1187,7 +1174,7 @@ class PotassiumReplacement(_Clinical):
                 subject, eq("status", "active"), eq("intent", "order"),
                 coded("medicationCodeableConcept", RXNORM, POTASSIUM_CHLORIDE[0]),
                 eq("dosageInstruction.doseAndRate.doseQuantity.value", self.dose(latest[2])),
-                _unit_is("dosageInstruction.doseAndRate.doseQuantity", "meq"),
+                unit_is("dosageInstruction.doseAndRate.doseQuantity", "meq"),
                 coded("dosageInstruction.route", SNOMED, ORAL_ROUTE[0]))))
         return Gold(answer={"potassium": latest[2], "replacement_ordered": low}, expects=expects)
 
@@ -1261,7 +1248,7 @@ class Referral(_Clinical):
         return Gold(expects=[Expect("create", "ServiceRequest", checks=(
             ref("subject", f"Patient/{params['pid']}"), coded("code", SNOMED, code), eq("status", "active"),
             eq("intent", "order"), eq("priority", params["priority"]),
-            _note_has("note.text", params["note"])))])
+            note_has("note.text", params["note"])))])
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
@@ -1312,7 +1299,7 @@ class StopMedication(_Clinical):
 
     def gold(self, view: View, params: dict) -> Gold:
         return Gold(expects=[Expect("update", "MedicationRequest", id=params["request"],
-                                    checks=(eq("status", "stopped"), _may_change("statusReason")))])
+                                    checks=(eq("status", "stopped"), may_set("statusReason")))])
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
@@ -1571,7 +1558,7 @@ class VoidObservation(_Clinical):
         target = view.new_id(f"vital-{params['wrong'] + 1}")
         assert view.read("Observation", target) is not None
         return Gold(expects=[Expect("update", "Observation", id=target,
-                                    checks=(eq("status", "entered-in-error"), _may_change("note")))])
+                                    checks=(eq("status", "entered-in-error"), may_set("note")))])
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
