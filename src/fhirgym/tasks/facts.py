@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, date, datetime
+from typing import NamedTuple
 
+from ..spec.codes import LOINC
 from ._family import View
 from .checks import ref_id, ref_key
 
@@ -259,3 +261,58 @@ def organizations(view: View) -> dict[str, dict]:
     """Every Organization by id."""
     return view.cached("facts.organizations",
                        lambda: {o["id"]: o for o in view.search("Organization", {"_count": "1000"})})
+
+
+# -- orders and results ------------------------------------------------------------------------------------
+
+def moment(value: str) -> datetime:
+    """A FHIR date or dateTime as an aware UTC datetime (a date: its midnight UTC)."""
+    when = datetime.fromisoformat(value.replace("Z", "+00:00")) if "T" in value else \
+        datetime.combine(date.fromisoformat(value[:10]), datetime.min.time())
+    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+
+
+class Result(NamedTuple):
+    """One Observation result of a patient."""
+
+    at: datetime  # effectiveDateTime
+    status: str | None
+    value: float | None  # valueQuantity.value
+    code: str | None  # the LOINC code it was found by
+    id: str
+
+
+def results(view: View, codes: tuple[str, ...]) -> dict[str, list[Result]]:
+    """Patient id → the world's results of these LOINC codes, oldest first (ties by id)."""
+    def compute() -> dict[str, list[Result]]:
+        out: dict[str, list[Result]] = {}
+        query = {"code": ",".join(f"{LOINC}|{c}" for c in codes), "_count": "1000",
+                 "_elements": "subject,effectiveDateTime,status,valueQuantity,code"}
+        for o in view.search("Observation", query):
+            pid, when = ref_id(o.get("subject"), "Patient"), o.get("effectiveDateTime")
+            if not pid or not when:
+                continue
+            code = next((c.get("code") for c in o.get("code", {}).get("coding", []) if c.get("code") in codes), None)
+            out.setdefault(pid, []).append(
+                Result(moment(when), o.get("status"), (o.get("valueQuantity") or {}).get("value"), code, o["id"]))
+        for rows in out.values():
+            rows.sort(key=lambda r: (r.at, r.id))
+        return out
+    return view.cached("facts.results." + "_".join(codes), compute)
+
+
+def service_requests(view: View, category: str) -> list[dict]:
+    """The ServiceRequests of a category (``system|code``), in id order."""
+    return view.cached(f"facts.orders.{category}",
+                       lambda: view.search("ServiceRequest", {"category": category, "_count": "1000"}))
+
+
+def reports(view: View, code: str) -> list[dict]:
+    """The DiagnosticReports coded ``system|code``, in id order."""
+    return view.cached(f"facts.reports.{code}",
+                       lambda: view.search("DiagnosticReport", {"code": code, "_count": "1000"}))
+
+
+def family_histories(view: View) -> list[dict]:
+    """Every FamilyMemberHistory, in id order."""
+    return view.cached("facts.fmh", lambda: view.search("FamilyMemberHistory", {"_count": "1000"}))

@@ -58,7 +58,7 @@ from ..checks import (
     unit_is,
 )
 from ..draw import Branched, deal, deal_by_gold, human_date, negative_seed, pick
-from ..facts import official_name, patients
+from ..facts import moment, official_name, patients, results
 from ..solve import create, search_all
 
 VALID = ("final", "amended", "corrected")
@@ -86,10 +86,6 @@ GLUCOSE = ("2339-0", "2345-7")
 # ------------------------------------------------------------------------------------------------
 # small helpers
 # ------------------------------------------------------------------------------------------------
-def _ts(value: str) -> datetime:
-    moment = datetime.fromisoformat(value.replace("Z", "+00:00")) if "T" in value else \
-        datetime.combine(date.fromisoformat(value[:10]), datetime.min.time())
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
 def _iso(moment: datetime) -> str:
@@ -155,29 +151,8 @@ def _age(birth: str, day: date) -> int:
     return day.year - born.year - ((day.month, day.day) < (born.month, born.day))
 
 
-def _obs_index(view: View, codes: tuple[str, ...]) -> dict[str, list[tuple]]:
-    """Patient id -> sorted [(effective, status, value, code, id)] of the world's results with these codes."""
-    def compute() -> dict[str, list[tuple]]:
-        out: dict[str, list[tuple]] = defaultdict(list)
-        query = {"code": ",".join(f"{LOINC}|{c}" for c in codes), "_count": "1000",
-                 "_elements": "subject,effectiveDateTime,status,valueQuantity,code"}
-        for o in view.search("Observation", query):
-            pid = ref_id(o.get("subject"), "Patient") or None
-            when = o.get("effectiveDateTime")
-            if not pid or not when:
-                continue
-            code = next((c.get("code") for c in o.get("code", {}).get("coding", [])
-                         if c.get("code") in codes), None)
-            value = (o.get("valueQuantity") or {}).get("value")
-            out[pid].append((_ts(when), o.get("status"), value, code, o["id"]))
-        for rows in out.values():
-            rows.sort(key=lambda r: (r[0], r[4]))
-        return dict(out)
-    return view.cached("clin_obs_" + "_".join(codes), compute)
-
-
 def _world_results(view: View, pid: str, codes: tuple[str, ...]) -> list[tuple]:
-    return _obs_index(view, codes).get(pid, [])
+    return results(view, codes).get(pid, [])
 
 
 def _quiet_since(view: View, pid: str, codes: tuple[str, ...], since: datetime) -> bool:
@@ -222,7 +197,7 @@ def _visits(view: View) -> dict[str, list[tuple]]:
             coding = next((c for t in e.get("type", []) for c in t.get("coding", [])
                            if c.get("system") == SNOMED), None)
             if pid and start and coding:
-                out[pid].append((_ts(start), coding["code"], coding.get("display", "")))
+                out[pid].append((moment(start), coding["code"], coding.get("display", "")))
         for rows in out.values():
             rows.sort()
         return dict(out)
@@ -539,7 +514,7 @@ class LabLast24h(_Clinical):
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
         found = [o for o in _results(tools, pid, params["code"], since=now - timedelta(hours=24))
-                 if _ts(o["effectiveDateTime"]) <= now]
+                 if moment(o["effectiveDateTime"]) <= now]
         return answer_text({"value": found[0]["valueQuantity"]["value"]}) if found else answer_text(NOT_FOUND)
 
 
@@ -643,7 +618,7 @@ class LatestGlucose(_Clinical):
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
         found = [o for o in _results(tools, pid, ",".join(GLUCOSE), newest=True)
-                 if _ts(o["effectiveDateTime"]) <= now]
+                 if moment(o["effectiveDateTime"]) <= now]
         if not found:
             return answer_text(NOT_FOUND)
         return answer_text({"value": found[0]["valueQuantity"]["value"], "taken": found[0]["effectiveDateTime"]})
@@ -699,7 +674,7 @@ class LastHba1c(_Clinical):
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
-        found = [o for o in _results(tools, pid, "4548-4", newest=True) if _ts(o["effectiveDateTime"]) <= now]
+        found = [o for o in _results(tools, pid, "4548-4", newest=True) if moment(o["effectiveDateTime"]) <= now]
         if not found:
             return answer_text(NOT_FOUND)
         return answer_text({"value": found[0]["valueQuantity"]["value"], "date": found[0]["effectiveDateTime"][:10]})
@@ -722,7 +697,7 @@ class ActiveMedicationCount(_Clinical):
         candidates = []  # (count, person): the counts are dealt by seed, so no count is the gold of many seeds
         for person in _people(view):
             requests = _med_requests(view).get(person["pid"], [])
-            if not any(_ts(r["authored"]) > view.now - timedelta(days=1) for r in requests if r["authored"]):
+            if not any(moment(r["authored"]) > view.now - timedelta(days=1) for r in requests if r["authored"]):
                 candidates.append((len({r["code"] for r in requests if r["status"] == "active"}), person))
         person = deal_by_gold(view, rng, candidates)
         return None if person is None else _patient_params(person, rng)
@@ -786,7 +761,7 @@ class LastOutpatientVisit(_Clinical):
         pid = _locate(tools, params)
         query = {"patient": pid, "class": "AMB", "_sort": "-date", "_count": "5"}
         found = [e for e in search_all(tools, "Encounter", query, all_pages=False)
-                 if _ts(e["period"]["start"]) <= now]
+                 if moment(e["period"]["start"]) <= now]
         first = found[0]
         code = next(c["code"] for t in first["type"] for c in t["coding"] if c.get("system") == SNOMED)
         return answer_text({"date": first["period"]["start"][:10], "type_code": code})
@@ -1027,7 +1002,7 @@ class MagnesiumIfLow(Branched, _Clinical):
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
         found = [o for o in _results(tools, pid, "19123-9", since=now - timedelta(hours=24))
-                 if _ts(o["effectiveDateTime"]) <= now]
+                 if moment(o["effectiveDateTime"]) <= now]
         value = found[0]["valueQuantity"]["value"]
         if value < 1.8:
             dose = _magnesium_dose(value)
@@ -1102,9 +1077,9 @@ class Hba1cIfDue(Branched, _Clinical):
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
-        found = [o for o in _results(tools, pid, "4548-4", newest=True) if _ts(o["effectiveDateTime"]) <= now]
+        found = [o for o in _results(tools, pid, "4548-4", newest=True) if moment(o["effectiveDateTime"]) <= now]
         last = found[0]
-        due = _ts(last["effectiveDateTime"]) < now - timedelta(days=365)
+        due = moment(last["effectiveDateTime"]) < now - timedelta(days=365)
         if due:
             create(tools, _service_request(pid, LOINC, "4548-4", LABS["4548-4"][0], now, priority="routine"))
         return answer_text({"hba1c": last["valueQuantity"]["value"], "date": last["effectiveDateTime"][:10], "ordered": due})
@@ -1184,7 +1159,7 @@ class PotassiumReplacement(_Clinical):
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
         latest = next(o for o in _results(tools, pid, "2823-3", newest=True)
-                      if _ts(o["effectiveDateTime"]) <= now)
+                      if moment(o["effectiveDateTime"]) <= now)
         value = latest["valueQuantity"]["value"]
         if value < 3.5:
             dose = self.dose(value)
@@ -1282,7 +1257,7 @@ class StopMedication(_Clinical):
         """Active prescriptions older than a day whose drug has one active order and one name."""
         requests = _med_requests(view).get(person["pid"], [])
         active = [r for r in requests if r["status"] == "active" and r["authored"]
-                  and _ts(r["authored"]) < view.now - timedelta(days=1)]
+                  and moment(r["authored"]) < view.now - timedelta(days=1)]
         by_code: dict[str, list[dict]] = defaultdict(list)
         for r in active:
             by_code[r["code"]].append(r)
@@ -1543,14 +1518,14 @@ class VoidObservation(_Clinical):
     def prompt(self, params: dict) -> str:
         _, _, words, _, spoken, *_ = VOIDABLE[params["vital"]]
         at, value = params["readings"][params["wrong"]]
-        moment = _ts(at)
-        return (f"The {words} of {value} {spoken} charted for {_who(params)} on {human_date(moment.date())} "
-                f"at {moment.strftime('%H:%M')} UTC was recorded on the wrong patient. Mark that observation "
+        when = moment(at)
+        return (f"The {words} of {value} {spoken} charted for {_who(params)} on {human_date(when.date())} "
+                f"at {when.strftime('%H:%M')} UTC was recorded on the wrong patient. Mark that observation "
                 "as entered in error (do not delete it, and leave the rest of it unchanged).")
 
     def setup(self, view: View, params: dict) -> list[dict]:
         code, display, _, unit, *_ = VOIDABLE[params["vital"]]
-        return [_observation(view.new_id(f"vital-{i}"), params["pid"], code, display, value, unit, _ts(at),
+        return [_observation(view.new_id(f"vital-{i}"), params["pid"], code, display, value, unit, moment(at),
                              category="vital-signs")
                 for i, (at, value) in enumerate(params["readings"], 1)]
 
@@ -1564,10 +1539,10 @@ class VoidObservation(_Clinical):
         pid = _locate(tools, params)
         code = VOIDABLE[params["vital"]][0]
         at, value = params["readings"][params["wrong"]]
-        since = _iso(_ts(at) - timedelta(minutes=1))
+        since = _iso(moment(at) - timedelta(minutes=1))
         query = {"patient": pid, "code": f"{LOINC}|{code}", "date": f"ge{since}", "_sort": "date"}
         found = search_all(tools, "Observation", query)
-        target = next(o for o in found if _ts(o["effectiveDateTime"]) == _ts(at)
+        target = next(o for o in found if moment(o["effectiveDateTime"]) == moment(at)
                       and o["valueQuantity"]["value"] == value)
         body = dict(target)  # meta too: tags, labels and profiles are kept
         body["status"] = "entered-in-error"

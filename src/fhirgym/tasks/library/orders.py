@@ -21,7 +21,15 @@ from ...world import INDICATIONS, SURGERIES
 from .. import NOT_FOUND, AnswerSpec, Expect, Family, Field, Gold, View, answer_text, parse_instant, register
 from ..checks import Check, coded, custom, eq, on_day, ref, ref_id, ref_key, refs_exactly, values
 from ..draw import EitherWay, human_date, pick
-from ..facts import full_name, identifiable_patients, practitioners, roles
+from ..facts import (
+    family_histories,
+    full_name,
+    identifiable_patients,
+    practitioners,
+    reports,
+    roles,
+    service_requests,
+)
 from ..solve import find_patients
 
 SURGICAL = "387713003"
@@ -77,12 +85,10 @@ def _doctors_with(view: View, *words: str) -> list[dict]:
 def _genetics(view: View) -> dict:
     """Genetic orders (one per patient, else left out), reports, chest X-rays, family histories and the lab."""
     def compute() -> dict:
-        orders = view.search("ServiceRequest", {"category": f"{DIAGNOSTIC_SERVICE}|GE", "_count": "1000"})
-        reports = view.search("DiagnosticReport", {"code": f"{LOINC}|{GENETIC_REPORT[0]}", "_count": "1000",
-                                                   "_elements": "subject,basedOn,status"})
-        xrays = view.search("DiagnosticReport", {"code": f"{LOINC}|{CHEST_XRAY}", "_count": "1000",
-                                                 "_elements": "subject"})
-        fmhs = view.search("FamilyMemberHistory", {"_count": "1000", "_elements": "patient,relationship"})
+        orders = service_requests(view, f"{DIAGNOSTIC_SERVICE}|GE")
+        genetic = reports(view, f"{LOINC}|{GENETIC_REPORT[0]}")
+        xrays = reports(view, f"{LOINC}|{CHEST_XRAY}")
+        fmhs = family_histories(view)
         per_patient = Counter(ref_id(o.get("subject")) for o in orders)
         labs = Counter(ref_id(p) for o in orders for p in o.get("performer", []))
         lab = None
@@ -102,8 +108,8 @@ def _genetics(view: View) -> dict:
                 "requester_id": ref_id(o.get("requester")),
                 "reason": next((c["code"] for rc in o.get("reasonCode", []) for c in rc.get("coding", [])), ""),
                 "supporting": [ref_key(r) for r in o.get("supportingInfo", []) if ref_key(r)],
-                "reports": sorted(r["id"] for r in reports if ref_id(r.get("subject")) == pid),
-                "own_reports": sorted(r["id"] for r in reports if any(ref_id(b) == o["id"] for b in r.get("basedOn", []))),
+                "reports": sorted(r["id"] for r in genetic if ref_id(r.get("subject")) == pid),
+                "own_reports": sorted(r["id"] for r in genetic if any(ref_id(b) == o["id"] for b in r.get("basedOn", []))),
                 "xrays": sorted(r["id"] for r in xrays if ref_id(r.get("subject")) == pid),
                 "relatives": sorted({c["code"] for f in fmhs if ref_id(f.get("patient")) == pid
                                      for c in f.get("relationship", {}).get("coding", [])}),
@@ -119,8 +125,7 @@ def _genetics(view: View) -> dict:
 def _surgery(view: View) -> dict[str, list[dict]]:
     """Surgical plans (category SNOMED 387713003) by patient id: {id, status, code, display, when}."""
     def compute() -> dict[str, list[dict]]:
-        plans = view.search("ServiceRequest", {"category": f"{SNOMED}|{SURGICAL}", "_count": "1000",
-                                               "_elements": "subject,status,code,occurrence"})
+        plans = service_requests(view, f"{SNOMED}|{SURGICAL}")
         out: dict[str, list[dict]] = {}
         for p in sorted(plans, key=lambda p: p["id"]):
             when = p.get("occurrenceDateTime") or p.get("occurrencePeriod", {}).get("start")
