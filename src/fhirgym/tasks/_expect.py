@@ -1,20 +1,13 @@
-"""Expected state changes and the checks on them.
+"""Expected state changes and how an episode's changes are matched to them.
 
 A writing task declares, at instance creation (before any agent acts), the changes its reference
-produces: ``Expect(op, type, id?, checks)``. Strict validation needs every expectation met by a distinct
-change with all checks passing, and **no other change** (collateral writes are reported). Light
-validation needs, per expectation, a change of the same operation and type (and id, if fixed) in which
-the checked elements are present, whatever their values.
-
-Checks read elements by dotted paths that flatten lists (``participant.actor.reference``) and compare
-the way a careful reviewer would: references by type/id (absolute or relative), codings by system and
-code, instants as moments in time. Strict means **exact where the meaning is single**: every value at
-the path must match (a Condition coded hypertension *and* infarction, an Account for two patients fail);
-a check built with ``extras=True`` only needs one match (the family declares a multi-valued element).
-A coding of *another* system in the same CodeableConcept is read as a translation and allowed; another
-code of the same system is another concept. Every created or updated resource must also carry no
-modifier that contradicts the expectation (:func:`modifier_failures`), and updates preserve everything
-not asked to change, ``text`` and ``meta`` included, compared by FHIR type (:func:`fhir_equal`).
+produces: ``Expect(op, type, id?, checks)``, the checks from :mod:`fhirgym.tasks.checks`. Strict validation
+needs every expectation met by a distinct change with all checks passing, and **no other change**
+(collateral writes are reported). Light validation needs, per expectation, a change of the same operation
+and type (and id, if fixed) in which the checked elements are present, whatever their values. Every
+created or updated resource must also carry no modifier that contradicts the expectation
+(:func:`modifier_failures`), and updates preserve everything not asked to change, ``text`` and ``meta``
+included, compared by FHIR type (:func:`fhir_equal`).
 """
 
 from __future__ import annotations
