@@ -56,3 +56,19 @@ def test_a_module_that_is_not_there_or_holds_no_family_is_refused(tmp_path):
     for name, why in (("no_such_module", "cannot import"), ("empty_mod", "registers no task family")):
         done = _run(["tasks", "list", "--families", name], tmp_path)
         assert done.returncode == 2 and why in done.stderr, done.stderr
+
+
+def test_the_built_in_library_uses_only_the_public_kit():
+    """Every built-in family module imports public names only (no `_module` anywhere, no sibling family
+    module): what an outside author has is what the library has."""
+    import ast
+
+    import fhirgym.tasks.library as library
+
+    for path in Path(library.__file__).parent.glob("[!_]*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                parts = (node.module or "").split(".")
+                assert not any(p.startswith("_") for p in parts if p), f"{path.name} imports {node.module}"
+                assert node.level != 1, f"{path.name} imports a sibling family module {node.module}"
+                assert not any(a.name.startswith("_") for a in node.names), f"{path.name}: {node.module}"
