@@ -734,7 +734,8 @@ def _booking_params(view: View, rng: random.Random, f: _Facts, by_clinic: bool) 
         pool = [_Appt("", "free", s.at, "", doc.pid, doc.location, doc.specialty) for s in free[:200]]
     if not pool:
         return None
-    appt = deal(view, pool)  # by seed: no booking is the gold of many seeds
+    # by seed: no patient (the gold) holds the booking of many seeds, however many bookings each one holds
+    appt = deal(view, pool) if cancelled else deal_by_gold(view, rng, [(a.patient, a) for a in pool])
     docs = [d for d in f.docs if d.pid == appt.practitioner and d.location == appt.location]
     if len(docs) != 1:
         return None
