@@ -56,6 +56,15 @@ def test_reference_passes_and_null_fails_with_complete_result_files(world, tmp_p
     assert run["identity"]["agent"] == "reference" and len(run["world_sha256"]) == 64
 
 
+def test_the_read_write_split_follows_instances(world, tmp_path):
+    """A conditional order's seeds draw both branches: the result line says per instance whether it writes."""
+    lines = run_eval(EvalSpec(out=tmp_path / "r", agent="reference", tasks="clinical.magnesium_if_low",
+                              seeds=[0, 1]), world)
+    by_seed = {r["seed"]: r for r in lines}
+    assert by_seed[0]["writes"] and by_seed[0]["light_success"] and by_seed[0]["success"]
+    assert by_seed[1]["writes"] is False and by_seed[1]["light_success"] is None and by_seed[1]["success"]
+
+
 def _scripted_solver(inst):
     """A scripted model that solves records.find_patient like a competent agent would, in two turns."""
     p = inst.params

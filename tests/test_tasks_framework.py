@@ -24,7 +24,7 @@ from fhirgym.tasks import (
     select,
 )
 from fhirgym.tasks._diff import fhir_equal
-from fhirgym.tasks._expect import coded, eq, instant, on_day, one_of, ref, refs_exactly, values
+from fhirgym.tasks.checks import coded, eq, instant, on_day, one_of, ref, refs_exactly, values
 
 SPEC = AnswerSpec((Field("slot_id", "id"), Field("start", "datetime")), none_allowed=True)
 

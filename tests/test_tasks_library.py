@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from fhirgym.tasks import CATEGORIES, TaskWorld, families, make_instance
+from fhirgym.tasks import CATEGORIES, WRITE_TOOLS, TaskWorld, families, make_instance
 from fhirgym.tasks._check import check
 
 SEEDS = range(3)
@@ -19,7 +19,24 @@ def test_the_library_is_big_enough_and_writes_enough():
     assert {f.category for f in fams} == set(CATEGORIES)
     for f in fams:
         assert f.title and f.sequences and f.resource_types, f.id
-        assert f.writes or set(f.prohibited_tools) >= {"createResource", "updateResource", "deleteResource"}, f.id
+        assert f.prohibited_tools is None or f.writes or set(f.prohibited_tools) >= set(WRITE_TOOLS), f.id
+
+
+def test_a_conditional_order_decides_per_instance_whether_it_writes(small_world_path):
+    """One family draws both branches: the order (a writing instance, no prohibited tool, light validation)
+    and no order (a read-only instance: write tools prohibited, no light verdict, no write to expect)."""
+    world = TaskWorld.open(small_world_path)
+    order, none = (make_instance("clinical.magnesium_if_low", seed, world) for seed in (0, 1))
+    assert order.writes and order.describe()["writes"] and order.prohibited_tools == ()
+    assert "MedicationRequest" in order.resource_types
+    assert not none.writes and not none.gold.expects and none.prohibited_tools == WRITE_TOOLS
+    assert none.resource_types == ("Patient", "Observation") and none.describe()["writes"] is False
+    with none.open() as fork:
+        assert fork.finish(none.reference.text).light_success is None
+    assert none.reference.verdict.success and order.reference.verdict.success
+    # the branches draw as the families they replace: seed 2k+1 is the former no-order family's seed k
+    assert none.now == make_instance("clinical.magnesium_if_low", 1, world).now
+    assert {make_instance("clinical.hba1c_if_due", s, world).writes for s in range(4)} == {True, False}
 
 
 @pytest.mark.parametrize("family", [f.id for f in families()])
@@ -37,7 +54,7 @@ def test_reference_passes_null_fails_mutations_rejected(family, small_world_path
 #: setup or gold does: re-record it deliberately (``instances_sha256`` prints it).
 INSTANCES_SHA256 = {
     "7703819311f4dd3ee9d414466a6cb82715607ae93ef402fb210e043318de61d5":
-        "f8b06c0f95f26b23562522fde84933f739f8f1f1dfdcfccad9263bad260a1a5e",
+        "9336458ca76ed90394370f444a43cdd255a10af64bbca035f14a6cdb0ce1e674",
 }
 
 
@@ -67,11 +84,15 @@ def test_the_constant_nothing_found_reply_is_never_free(surveyed):
     """No family is all-negative, each one offering "nothing found" draws both kinds on ≥ 30 % of 20 seeds,
     and the constant "nothing found" reply (no tool call) scores ≤ 5 % strict over the library."""
     per_family, problems = surveyed
-    assert not [p for p in problems if "gold on" not in p], problems
-    assert sum(f.constant for f in per_family) <= 0.05 * sum(f.seeds for f in per_family)
+    assert not [p for p in problems if "gold on" not in p and "constant 'nothing found'" not in p], problems
     offering = [f for f in per_family if f.none_allowed]
     assert len(offering) >= 5 and all(6 <= f.negative <= 14 for f in offering)
     assert all(f.negative == 0 for f in per_family if not f.none_allowed)
+
+
+def test_the_constant_nothing_found_reply_scores_at_most_5_percent(surveyed):
+    per_family, _ = surveyed
+    assert sum(f.constant for f in per_family) <= 0.05 * sum(f.seeds for f in per_family)
 
 
 def test_no_gold_dominates_a_family(surveyed):

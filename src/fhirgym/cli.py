@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from ._defaults import DEFAULT_PATIENTS, DEFAULT_SEED
+
 
 @click.group()
 @click.version_option(package_name="fhirgym")
@@ -22,7 +24,7 @@ def main() -> None:
               help="SQLite file that keeps the data (default: in memory, gone at exit).")
 @click.option("--base", "base", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Read-only world/base file to serve on top of (writes go to --db or memory).")
-@click.option("--demo", is_flag=True, help="Serve a 10-patient seeded world (built and cached on first use).")
+@click.option("--demo", is_flag=True, help="Serve the default world (seed 42, 10 patients; built and cached on first use).")
 @click.option("--lenient", is_flag=True, help="Ignore unknown search parameters by default (strict otherwise).")
 @click.option("--no-referential-integrity", is_flag=True, help="Accept references to resources that do not exist.")
 @click.option("--admin", is_flag=True, help="Expose POST /admin/snapshot and /admin/reset (off by default).")
@@ -42,8 +44,9 @@ def serve(host: str, port: int, db: Path | None, base: Path | None, demo: bool, 
     if demo:
         from .world import build_world
 
-        click.echo("preparing the demo world (10 patients; built once, then cached) ...", err=True)
-        base = build_world(seed=42, patients=10).path
+        click.echo(f"preparing the default world (seed {DEFAULT_SEED}, {DEFAULT_PATIENTS} patients; built once, "
+                   "then cached) ...", err=True)
+        base = build_world(seed=DEFAULT_SEED, patients=DEFAULT_PATIENTS).path
     with tempfile.TemporaryDirectory(prefix="fhirgym-serve-") as scratch:
         # without --db the data is still gone at exit, but kept in a scratch file rather than in memory: a
         # file layer lets reads run beside a long write (each on its own connection). --admin's snapshots
@@ -124,8 +127,8 @@ def _print_info(info, digest: bool = True) -> None:
 
 
 @world.command("build")
-@click.option("--seed", default=42, show_default=True, type=int, envvar="FHIRGYM_SEED")
-@click.option("--patients", default=100, show_default=True, type=int)
+@click.option("--seed", default=DEFAULT_SEED, show_default=True, type=int, envvar="FHIRGYM_SEED")
+@click.option("--patients", default=DEFAULT_PATIENTS, show_default=True, type=int)
 @click.option("--anchor-date", default=None, help="The world's 'today' (YYYY-MM-DD); default 2025-06-02.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Where to write the world file.")
 @click.option("--no-cache", is_flag=True, help="Rebuild even if this world is cached.")
@@ -196,14 +199,12 @@ def report_cmd(dirs: tuple[Path, ...], out: Path | None, fmt: str, n_boot: int, 
 
 # -- tasks ---------------------------------------------------------------------------------------------
 
-def _world_options(fn=None, *, default_patients: int = 100):
-    """--world FILE, or the cached seeded world of --patients/--world-seed."""
-    if fn is None:
-        return lambda f: _world_options(f, default_patients=default_patients)
+def _world_options(fn):
+    """--world FILE, or the cached seeded world of --patients/--world-seed (the same default everywhere)."""
     fn = click.option("--world", "world_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
                       envvar="FHIRGYM_WORLD", help="World file (default: the seeded world of --patients).")(fn)
-    fn = click.option("--patients", default=default_patients, show_default=True, help="Size of the default world.")(fn)
-    return click.option("--world-seed", default=42, show_default=True, help="Seed of the default world.")(fn)
+    fn = click.option("--patients", default=DEFAULT_PATIENTS, show_default=True, help="Size of the default world.")(fn)
+    return click.option("--world-seed", default=DEFAULT_SEED, show_default=True, help="Seed of the default world.")(fn)
 
 
 def _task_world(world_path: Path | None, patients: int, world_seed: int):
@@ -217,33 +218,71 @@ def _task_world(world_path: Path | None, patients: int, world_seed: int):
     return TaskWorld.open(world_path)
 
 
+def _load_families(ctx, param, value: tuple[str, ...]) -> tuple[str, ...]:
+    """--families pkg.module[,…]: import these modules (from the current directory or installed packages)
+    so that their @register families join the registry before --tasks selects."""
+    names = [n.strip() for v in value for n in v.split(",") if n.strip()]
+    if names:
+        import os
+
+        from .tasks import FamiliesUnavailable, load_families
+
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())  # like `python -m`: a module next to you is found
+        try:
+            ctx.meta["fhirgym.families"] = load_families(*names)
+        except FamiliesUnavailable as exc:
+            raise click.BadParameter(str(exc), ctx, param) from exc
+    return tuple(names)
+
+
+def _selector(selector: str | None, default: str) -> str:
+    """--tasks as given; without it, the families --families loaded, else the command's default."""
+    if selector:
+        return selector
+    loaded = click.get_current_context().meta.get("fhirgym.families")
+    return ",".join(f.id for f in loaded) if loaded else default
+
+
+def _families_option(fn):
+    return click.option("--families", "families_modules", multiple=True, callback=_load_families,
+                        expose_value=False, metavar="PKG.MODULE",
+                        help="Load task families from these modules (comma-separated or repeated) besides the "
+                             "installed ones (entry-point group fhirgym.tasks); without --tasks, select them.")(fn)
+
+
 @main.group()
 def tasks() -> None:
     """List, show and check the task families."""
 
 
 @tasks.command("list")
-@click.option("--tasks", "selector", default="all", show_default=True, help="Task selector (ids, globs, categories).")
+@_families_option
+@click.option("--tasks", "selector", default=None, help="Task selector (ids, globs, categories)  [default: all]")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per family.")
-def tasks_list(selector: str, as_json: bool) -> None:
+def tasks_list(selector: str | None, as_json: bool) -> None:
     """Every task family: id, category, difficulty, read/write, resource types."""
     from .tasks import select
 
-    fams = select(selector)
+    fams = select(_selector(selector, "all"))
     rows = [{"id": f.id, "category": f.category, "difficulty": f.difficulty, "writes": f.writes,
              "resource_types": list(f.resource_types), "title": f.title} for f in fams]
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
+    # R/W: a family whose instances decide whether they write (a conditional order)
+    either = {f.id for f in fams if f.read_resource_types is not None or f.read_sequences is not None}
     click.echo(f"{'id':44} {'category':11} {'d':1}  {'r/w':3}  resource types")
     for r in rows:
-        click.echo(f"{r['id']:44} {r['category']:11} {r['difficulty']}  {'W' if r['writes'] else 'R':3}  "
+        rw = "R/W" if r["id"] in either else "W" if r["writes"] else "R"
+        click.echo(f"{r['id']:44} {r['category']:11} {r['difficulty']}  {rw:3}  "
                    f"{', '.join(r['resource_types'])}")
     writes = sum(r["writes"] for r in rows)
     click.echo(f"{len(rows)} families, {writes} writing ({100 * writes / max(1, len(rows)):.0f} %)")
 
 
 @tasks.command("show")
+@_families_option
 @click.argument("task_id")
 @click.option("--seed", default=0, show_default=True)
 @_world_options
@@ -256,19 +295,21 @@ def tasks_show(task_id: str, seed: int, world_path: Path | None, patients: int, 
 
 
 @tasks.command("check")
-@click.option("--tasks", "selector", default="all", show_default=True)
-@click.option("--seeds", default=20, show_default=True, help="Seeds 0..N-1 of every family.")
+@_families_option
+@click.option("--tasks", "selector", default=None, help="Task selector  [default: all]")
+@click.option("--seeds", default="20", show_default=True, help="N (seeds 0..N-1) or a list like 3,5 or 0-4.")
 @click.option("--no-mutations", is_flag=True, help="Skip the mutation tests.")
 @click.option("--table", is_flag=True, help="Print the per-family figures (nothing found, constant agent, gold variety).")
 @_world_options
-def tasks_check(selector: str, seeds: int, no_mutations: bool, table: bool, world_path: Path | None, patients: int,
+def tasks_check(selector: str | None, seeds: str, no_mutations: bool, table: bool, world_path: Path | None, patients: int,
                 world_seed: int) -> None:
     """Run the reference, null and constant "nothing found" agents, the wrong mutations and the equivalent
     rewrites on every family × seed; non-zero exit on any problem."""
     from .tasks import EQUIVALENTS, MUTATIONS, check, figures, select
 
     world = _task_world(world_path, patients, world_seed)
-    fams = select(selector)
+    fams = select(_selector(selector, "all"))
+    seed_list = _seeds(seeds)
     bad: list = []
 
     def progress(row) -> None:
@@ -276,7 +317,7 @@ def tasks_check(selector: str, seeds: int, no_mutations: bool, table: bool, worl
             bad.append(row)
             click.echo(f"PROBLEM {row.task_id} seed {row.seed}: {' | '.join(row.problems)}", err=True)
 
-    rows = check(fams, range(seeds), world, mutations=not no_mutations, progress=progress)
+    rows = check(fams, seed_list, world, mutations=not no_mutations, progress=progress)
     n = len(rows)
     ref_strict = sum(r.reference_strict for r in rows)
     writing = [r for r in rows if r.reference_light is not None or r.null_light is not None]
@@ -298,7 +339,7 @@ def tasks_check(selector: str, seeds: int, no_mutations: bool, table: bool, worl
                        f"{f.constant:8} {f.top_gold:8} {bite:>16}")
     for problem in library_problems:
         click.echo(f"PROBLEM {problem}", err=True)
-    click.echo(f"{len(fams)} families × {seeds} seeds = {n} instances")
+    click.echo(f"{len(fams)} families × {len(seed_list)} seeds = {n} instances")
     click.echo(f"reference: strict {ref_strict}/{n} ({100 * ref_strict / max(1, n):.1f} %), "
                f"light {ref_light}/{len(writing)} on writing instances")
     click.echo(f"null:      strict {null_strict}/{n}, light {null_light}/{len(writing)}")
@@ -316,13 +357,14 @@ def tasks_check(selector: str, seeds: int, no_mutations: bool, table: bool, worl
 
 
 @tasks.command("paraphrase")
-@click.option("--tasks", "selector", default="all", show_default=True)
+@_families_option
+@click.option("--tasks", "selector", default=None, help="Task selector  [default: all]")
 @click.option("--seeds", default="1", show_default=True, help="N (seeds 0..N-1) or a list like 3,5 or 0-4.")
 @click.option("--count", default=1, show_default=True, help="Paraphrases per instance (k = 1..COUNT).")
 @click.option("--model", default=None, help="Model that writes them (default: the local 1.5B).")
 @click.option("--base-url", default=None, envvar="OPENAI_BASE_URL")
 @_world_options
-def tasks_paraphrase(selector: str, seeds: str, count: int, model: str | None, base_url: str | None,
+def tasks_paraphrase(selector: str | None, seeds: str, count: int, model: str | None, base_url: str | None,
                      world_path: Path | None, patients: int, world_seed: int) -> None:
     """Generate and cache paraphrased prompts (checked: every entity, date and the format survive)."""
     from .agents import DEFAULT_MODEL, make_backend
@@ -336,7 +378,7 @@ def tasks_paraphrase(selector: str, seeds: str, count: int, model: str | None, b
 
     world = _task_world(world_path, patients, world_seed)
     failed = 0
-    for fam in select(selector):
+    for fam in select(_selector(selector, "all")):
         for seed in _seeds(seeds):
             inst = make_instance(fam, seed, world)
             for k in range(1, count + 1):
@@ -352,26 +394,32 @@ def tasks_paraphrase(selector: str, seeds: str, count: int, model: str | None, b
 # -- eval ----------------------------------------------------------------------------------------------
 
 def _seeds(value: str) -> list[int]:
-    """``5`` → seeds 0..4; ``3,7`` or ``2-4`` → those seeds."""
+    """``--seeds`` everywhere: ``5`` → seeds 0..4; ``3,7`` or ``2-4`` → those seeds."""
     value = value.strip()
-    if value.isdigit():
-        return list(range(int(value)))
-    out: list[int] = []
-    for part in value.split(","):
-        lo, _, hi = part.partition("-")
-        out.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
+    try:
+        if value.isdigit():
+            return list(range(int(value)))
+        out: list[int] = []
+        for part in value.split(","):
+            lo, _, hi = part.partition("-")
+            out.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: give N (seeds 0..N-1) or a list like 3,5 or 0-4",
+                                 param_hint="--seeds") from None
     return out
 
 
 @main.command("eval")
+@_families_option
 @click.option("--agent", default="react", show_default=True,
               help="react | codeact | reference | null | nothing-found | guess | cmd:\"PROGRAM ARGS\" | "
                    "package.module:Class")
 @click.option("--model", default=None, help="local/qwen2.5-coder-1.5b (default), local/qwen2.5-coder-0.5b, "
               "local/PATH.gguf, openai/NAME, openai-compatible/NAME (with --base-url)")
 @click.option("--base-url", default=None, envvar="OPENAI_BASE_URL", help="Endpoint of an OpenAI-compatible server.")
-@click.option("--tasks", "selector", default="default", show_default=True,
-              help="Task selector: ids, globs (scheduling.*), categories, reads/writes, d1-d3, all, default.")
+@click.option("--tasks", "selector", default=None,
+              help="Task selector: ids, globs (scheduling.*), categories, reads/writes, d1-d3, all, default  "
+                   "[default: default]")
 @click.option("--seeds", default="1", show_default=True, help="N (seeds 0..N-1) or a list like 3,5 or 0-4.")
 @click.option("--runs", default=1, show_default=True, help="Repetitions of every instance.")
 @click.option("--config", default="baseline", show_default=True,
@@ -401,7 +449,7 @@ def _seeds(value: str) -> list[int]:
 @click.option("--questions", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="QA: a question file from `fhirgym qa build` (default: built from the world).")
 @click.option("--per-template", default=10, show_default=True, help="QA without --questions: questions per template.")
-@_world_options(default_patients=10)
+@_world_options
 def eval_cmd(agent: str, model: str | None, base_url: str | None, selector: str, seeds: str, runs: int, config: str,
              setting: str, out: Path, parallel: int, resume: bool, max_iterations: int | None,
              budget: int | None, unsafe_python: bool, paraphrases: int, no_report: bool, sealed: bool,
@@ -412,7 +460,7 @@ def eval_cmd(agent: str, model: str | None, base_url: str | None, selector: str,
 
     from .runner import EvalError, EvalSpec, progress_line, run_eval, summary
 
-    spec = EvalSpec(out=out, agent=agent, model=model, base_url=base_url, tasks=selector, seeds=_seeds(seeds),
+    spec = EvalSpec(out=out, agent=agent, model=model, base_url=base_url, tasks=_selector(selector, "default"), seeds=_seeds(seeds),
                     runs=runs, config=config, setting=setting, parallel=parallel, resume=resume,
                     max_iterations=max_iterations, budget=budget, unsafe_python=unsafe_python,
                     paraphrases=paraphrases, sealed=sealed, secret=secret, track=track, split=split,
@@ -608,8 +656,9 @@ def _mcp_serve(tools, client, name: str, transport: str, host: str, port: int, r
 
 
 @mcp_group.command("fhir")
+@_families_option
 @_mcp_options
-@_world_options(default_patients=10)
+@_world_options
 @click.option("--task", "task_id", default=None, help="Serve the pre-run state of this task's instance.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the --task instance.")
 @click.option("--url", default=None, help="Bind the tools to this external FHIR server instead (base URL).")
@@ -667,21 +716,22 @@ def rl_group() -> None:
 
 
 @rl_group.command("dataset")
+@_families_option
 @click.option("--track", type=click.Choice(["action"]), default="action", show_default=True)
 @click.option("--split", type=click.Choice(["train", "valid", "test"]), default="train", show_default=True)
-@click.option("--tasks", "selector", default="all", show_default=True, help="Task selector.")
+@click.option("--tasks", "selector", default=None, help="Task selector  [default: all]")
 @click.option("--per-family", default=8, show_default=True, help="Instances per family (seeds of the split).")
 @click.option("--max-turns", default=12, show_default=True)
 @click.option("--format", "formats", default="jsonl,parquet", show_default=True, help="jsonl and/or parquet.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
-@click.option("--world-seed", default=42, show_default=True)
-@click.option("--patients", default=10, show_default=True)
-def rl_dataset(track: str, split: str, selector: str, per_family: int, max_turns: int, formats: str, out: Path,
+@click.option("--world-seed", default=DEFAULT_SEED, show_default=True)
+@click.option("--patients", default=DEFAULT_PATIENTS, show_default=True)
+def rl_dataset(track: str, split: str, selector: str | None, per_family: int, max_turns: int, formats: str, out: Path,
                world_seed: int, patients: int) -> None:
     """Rows in SkyRL's layout (data_source, prompt, env_class, reward_spec, extra_info); TRL reads them too."""
     from .rl import dataset_rows, write_rows
 
-    rows = dataset_rows(track, split, tasks=selector, per_family=per_family, max_turns=max_turns,
+    rows = dataset_rows(track, split, tasks=_selector(selector, "all"), per_family=per_family, max_turns=max_turns,
                         world={"seed": world_seed, "patients": patients})
     try:
         paths = write_rows(rows, out, split, tuple(f.strip() for f in formats.split(",") if f.strip()))

@@ -16,13 +16,13 @@ from typing import Any
 import orjson
 
 from ..tasks import Instance, TaskInfeasible, TaskWorld, make_instance, select
-from ..world import build_world, world_sha256
+from ..world import DEFAULT_PATIENTS, DEFAULT_SEED, build_world, world_sha256
 from ._text import TextEpisode
 
 #: Seeds of each split (per family): disjoint ranges.
 SPLITS = {"train": range(0, 10_000), "valid": range(10_000, 11_000), "test": range(11_000, 12_000)}
 ENV_CLASSES = {"action": "fhirgym-action", "qa": "fhirgym-qa"}
-DEFAULT_WORLD = {"seed": 42, "patients": 10}
+DEFAULT_WORLD = {"seed": DEFAULT_SEED, "patients": DEFAULT_PATIENTS}
 
 _INSTANCES: OrderedDict[tuple, Instance] = OrderedDict()
 _LOCK = threading.Lock()
@@ -84,7 +84,7 @@ def dataset_rows(track: str = "action", split: str = "train", *, tasks: str = "a
                          "reward_spec": {"method": "rule", "ground_truth": None},
                          "extra_info": {"track": track, "task_id": fam.id, "seed": seed, "split": split,
                                         "category": fam.category, "difficulty": fam.difficulty,
-                                        "writes": fam.writes, "world": {**world, "sha256": sha},
+                                        "writes": inst.writes, "world": {**world, "sha256": sha},
                                         "max_turns": max_turns}})
             taken += 1
     return rows

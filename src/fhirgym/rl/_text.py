@@ -116,7 +116,7 @@ class TextEpisode:
 
     def _end(self, answer: str | None, why: str) -> TextStep:
         self.verdict = self.episode.submit(answer)
-        reward = self.reward_spec.reward(self.verdict, self.malformed, self.episode.instance.family.writes)
+        reward = self.reward_spec.reward(self.verdict, self.malformed, self.episode.instance.writes)
         self.last_reward = reward
         return TextStep([], reward, True, {"turn": self.turns, "stop": why, "success": self.verdict.success,
                                            "light_success": self.verdict.light_success,

@@ -71,17 +71,17 @@ def run_episode(key: EpisodeKey, inst: Instance, agent, config: Config | str = "
     if result.crash:
         reasons.insert(0, f"agent crashed: {result.crash}")
     names = [c.name for c in calls]
-    modes = failure_modes_of(fam, calls, bool(verdict.collateral)) if status == "fail" else []
+    modes = failure_modes_of(inst, calls, bool(verdict.collateral)) if status == "fail" else []
     line = {
         "episode_id": key.id, "task_id": fam.id, "category": fam.category, "difficulty": fam.difficulty,
-        "writes": fam.writes, "seed": key.seed, "paraphrase": key.paraphrase, "prompt_id": inst.prompt_id,
+        "writes": inst.writes, "seed": key.seed, "paraphrase": key.paraphrase, "prompt_id": inst.prompt_id,
         "run": key.run, "config": key.config, "setting": setting, "agent": getattr(agent, "name", str(agent)),
         "model": model, "status": status,
         "success": None if status == "error" else verdict.success and not result.crash,
-        "light_success": None if status == "error" or not fam.writes else verdict.light_success,
+        "light_success": None if status == "error" or not inst.writes else verdict.light_success,
         "floor_nothing_found": floor,
         "reasons": reasons, "failure_modes": modes,
-        "proximity": proximity(names, fam.sequences), "expected_min_calls": inst.expected_min_calls,
+        "proximity": proximity(names, inst.sequences), "expected_min_calls": inst.expected_min_calls,
         "tool_calls": [c.to_json() for c in calls],
         "tokens": {"prompt": result.prompt_tokens, "completion": result.completion_tokens},
         "iterations": result.iterations, "stop_reason": result.stop_reason, "final_answer": result.final_answer,

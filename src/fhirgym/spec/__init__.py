@@ -3,6 +3,7 @@
 This is the only layer that reads HL7's package; every other layer asks it.
 """
 
+from . import codes
 from ._model import ElementDef, SearchParam, SearchParamComponent, Spec, build_spec, load_spec
 from ._package import SpecUnavailable, cache_dir, file_sha256, package_path
 
@@ -14,6 +15,7 @@ __all__ = [
     "SpecUnavailable",
     "build_spec",
     "cache_dir",
+    "codes",
     "file_sha256",
     "load_spec",
     "package_path",

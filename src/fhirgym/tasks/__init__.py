@@ -8,18 +8,27 @@
         verdict = fork.finish(final_answer)
 
 Agents never get a fork: they work in a :class:`fhirgym.env.Episode`.
+
+Writing a family (docs/TASKS.md) takes only what this package exports: ``Family``, ``register``, ``Gold``,
+``Expect``, ``AnswerSpec``/``Field``/``NOT_FOUND``/``answer_text``, the modules ``checks`` (the checks of
+expected changes), ``facts`` (world facts), ``draw`` (seeded choices, "nothing found" seeds, phrasing) and
+``solve`` (the reference solution's client), and ``codes`` (code systems).
 """
 
-from . import _builtin  # noqa: F401  (families() loads the built-in library on first use)
-from ._answer import NOT_FOUND, AnswerSpec, Field, answer_text, parse_answer, render
+from ..spec import codes
+from . import checks, draw, facts, solve
+from ._answer import NOT_FOUND, AnswerSpec, Field, answer_text, parse_answer, parse_instant, render
 from ._check import check, figures
 from ._diff import Change, diff, mark
-from ._expect import Check, Expect, match
+from ._expect import Expect, match
 from ._failure import MODES, failure_modes, failure_modes_of, proximity
 from ._family import (
     CATEGORIES,
     CATEGORY_TITLES,
     DEFAULT_SUBSET,
+    ENTRY_POINT_GROUP,
+    WRITE_TOOLS,
+    FamiliesUnavailable,
     Family,
     Fork,
     Gold,
@@ -31,25 +40,32 @@ from ._family import (
     families,
     frozen_now,
     get_family,
+    load_families,
     make_instance,
     register,
     select,
 )
 from ._mutate import EQUIVALENTS, MUTATIONS
 from ._paraphrase import ParaphraseUnavailable, cached_paraphrase, paraphrase
+from .checks import Check
+from .draw import EitherWay, deal, pick
 
 __all__ = [
     "CATEGORIES",
     "CATEGORY_TITLES",
     "DEFAULT_SUBSET",
+    "ENTRY_POINT_GROUP",
     "EQUIVALENTS",
     "MODES",
     "MUTATIONS",
     "NOT_FOUND",
+    "WRITE_TOOLS",
     "AnswerSpec",
     "Change",
     "Check",
+    "EitherWay",
     "Expect",
+    "FamiliesUnavailable",
     "Family",
     "Field",
     "Fork",
@@ -63,20 +79,29 @@ __all__ = [
     "answer_text",
     "cached_paraphrase",
     "check",
+    "checks",
+    "codes",
+    "deal",
     "diff",
+    "draw",
+    "facts",
     "failure_modes",
     "failure_modes_of",
     "families",
     "figures",
     "frozen_now",
     "get_family",
+    "load_families",
     "make_instance",
     "mark",
     "match",
     "paraphrase",
     "parse_answer",
+    "parse_instant",
+    "pick",
     "proximity",
     "register",
     "render",
     "select",
+    "solve",
 ]

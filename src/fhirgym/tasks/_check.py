@@ -74,9 +74,9 @@ def check_instance(inst: Instance, mutations: bool = True) -> CheckRow:
     survey(inst, row)
     if not ref.success:
         row.problems.append("reference fails: " + "; ".join(ref.reasons))
-    if fam.writes and not ref.light_success:
+    if inst.writes and not ref.light_success:
         row.problems.append("reference fails the light validator")
-    modes = [m for m in failure_modes_of(fam, calls, False) if m != "other"]
+    modes = [m for m in failure_modes_of(inst, calls, False) if m != "other"]
     if modes:
         row.problems.append(f"reference has failure modes {modes} (calls: {[c.name for c in calls]})")
     if null.success:
@@ -113,7 +113,7 @@ def _mutate(inst: Instance, row: CheckRow) -> None:
             row.mutations_rejected += 1
         else:
             row.problems.append(f"mutation {name} passes strict validation")
-    if not inst.family.writes:
+    if not inst.writes:
         return
     for kinds in REQUIRED_MUTATIONS:
         if not applied & set(kinds):
@@ -126,7 +126,8 @@ def survey(inst: Instance, row: CheckRow) -> CheckRow:
     """Fill in the gold-side figures of a row: the constant agent's verdict, negative or not, the gold."""
     with inst.open() as ep:
         row.nothing_found_passes = ep.finish(NOTHING_FOUND_REPLY).success
-        view = View(inst.world, ep.client, inst.now, inst.seed, inst.family.id)
+        label, draw = inst.family.stream(inst.seed)
+        view = View(inst.world, ep.client, inst.now, draw, label)
         row.first_hit_distractor = inst.family.distractor_probe(view, inst.params)
     row.negative = inst.gold.answer is NOT_FOUND
     row.gold_key = gold_key(inst)

@@ -77,8 +77,9 @@ def failure_modes(success: bool, calls: Sequence[str], call_types: Sequence[str 
     return modes or ["other"]
 
 
-def failure_modes_of(family: Any, calls: Sequence[Any], collateral: bool) -> list[str]:
-    """:func:`failure_modes` of a failed run of ``family`` from its recorded tool calls (``ToolCall``s)."""
+def failure_modes_of(inst: Any, calls: Sequence[Any], collateral: bool) -> list[str]:
+    """:func:`failure_modes` of a failed run of an instance (its sequences, resource types and prohibited
+    tools: per instance) from its recorded tool calls (``ToolCall``s)."""
     return failure_modes(False, [c.name for c in calls], [c.resource_type for c in calls],
-                         [c.error is not None for c in calls], family.sequences, family.resource_types,
-                         family.prohibited_tools, collateral)
+                         [c.error is not None for c in calls], inst.sequences, inst.resource_types,
+                         inst.prohibited_tools, collateral)

@@ -14,7 +14,6 @@ import hashlib
 import random
 import threading
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from functools import cached_property
@@ -36,6 +35,10 @@ CATEGORY_TITLES = {"records": "Patient records", "billing": "Insurance & billing
                    "clinical": "Clinical orders"}
 
 
+#: the tools that change the store: prohibited to an instance that writes nothing
+WRITE_TOOLS = ("createResource", "updateResource", "deleteResource")
+
+
 class TaskInfeasible(RuntimeError):
     """No entity of the world fits this family for this seed (after many draws)."""
 
@@ -51,7 +54,8 @@ class Gold:
 class View:
     """Read access to a world state for sampling and gold computation (never used by agents).
 
-    ``cache`` is shared by every view of the same world file: families keep derived, base-only facts
+    ``family`` and ``seed`` label this instance's random streams (:meth:`Family.stream`: the family's id
+    and the instance's seed unless the family maps them). ``cache`` is shared by every view of the same world file: families keep derived, base-only facts
     there (e.g. the list of practitioners) so that creating an instance stays in milliseconds.
     """
 
@@ -169,12 +173,23 @@ class Family:
     id: ClassVar[str]
     category: ClassVar[str]
     difficulty: ClassVar[int]  # 1 = one lookup, 2 = several steps or a filter, 3 = reasoning over many
-    writes: ClassVar[bool]
+    writes: ClassVar[bool]  # some instance may write; each instance decides (Instance.writes: its gold)
     resource_types: ClassVar[tuple[str, ...]]  # the agent must touch each of these
     sequences: ClassVar[tuple[tuple[str, ...], ...]]  # alternative required tool-call sequences
-    prohibited_tools: ClassVar[tuple[str, ...]] = ()
+    #: a family whose instances may or may not write (a conditional order): the resource types and
+    #: sequences of an instance that writes nothing (None: the same as the family's)
+    read_resource_types: ClassVar[tuple[str, ...] | None] = None
+    read_sequences: ClassVar[tuple[tuple[str, ...], ...] | None] = None
+    #: None: by instance, the write tools for an instance that writes nothing and none otherwise
+    prohibited_tools: ClassVar[tuple[str, ...] | None] = None
     answer: ClassVar[AnswerSpec | None] = None
     title: ClassVar[str] = ""
+
+    def stream(self, seed: int) -> tuple[str, int]:
+        """The label and seed of the random streams that draw instance ``seed`` (clock, params, setup ids):
+        by default the family's own id and the seed. A family merged from older ones maps its seeds onto
+        theirs, so that it reproduces their instances at documented seeds."""
+        return self.id, seed
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         raise NotImplementedError
@@ -225,15 +240,63 @@ def register(cls: type[Family]) -> type[Family]:
     return cls
 
 
-#: what registers families on first use (``_builtin`` adds the built-in library): the registry
-#: imports no family module, so family modules may import it
-LOADERS: list[Callable[[], object]] = []
+#: The entry-point group through which installed packages add task families; fhirgym's own library is
+#: listed there too (pyproject.toml), so the registry knows no family module by name.
+ENTRY_POINT_GROUP = "fhirgym.tasks"
+_entry_points_loaded = False
+
+
+class FamiliesUnavailable(RuntimeError):
+    """A module of task families could not be loaded, or added no family."""
+
+
+def load_families(*modules: str) -> list[Family]:
+    """Import each module (``pkg.module``); its ``@register`` classes join the registry. Returns the
+    families they hold, in the registry's order. A module that cannot be imported or holds no family is
+    an error, never skipped."""
+    import importlib
+
+    families()  # the installed ones first: an outside id that repeats one of them is then refused
+    found: list[Family] = []
+    for name in modules:
+        try:
+            module = importlib.import_module(name)
+        except Exception as exc:
+            raise FamiliesUnavailable(f"cannot import task families from {name!r}: {exc}") from exc
+        mine = [f for f in _REGISTRY.values() if type(f).__module__ == module.__name__]
+        if not mine:
+            raise FamiliesUnavailable(f"module {name!r} registers no task family (decorate them with @register)")
+        found += [f for f in mine if f not in found]
+    return sorted(found, key=_order)
+
+
+def _load_entry_points() -> None:
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    from importlib.metadata import entry_points
+
+    eps = list(entry_points(group=ENTRY_POINT_GROUP))
+    if not any(ep.value.startswith("fhirgym.tasks.") for ep in eps):
+        raise FamiliesUnavailable(f"no {ENTRY_POINT_GROUP!r} entry points of fhirgym's own library: its "
+                                  "installed metadata is stale (reinstall it: pip install -e .)")
+    for ep in sorted(eps, key=lambda e: e.value):
+        try:
+            ep.load()  # the module's @register fills the registry
+        except Exception as exc:
+            raise FamiliesUnavailable(f"entry point {ep.name} = {ep.value} failed to load: {exc}") from exc
+    _entry_points_loaded = True
+
+
+def _order(f: Family) -> tuple:
+    return (CATEGORIES.index(f.category), f.id)
 
 
 def families() -> list[Family]:
-    while LOADERS:
-        LOADERS.pop(0)()
-    return sorted(_REGISTRY.values(), key=lambda f: (CATEGORIES.index(f.category), f.id))
+    """Every registered family: fhirgym's library and every installed package's (entry points), plus any
+    loaded with :func:`load_families`."""
+    _load_entry_points()
+    return sorted(_REGISTRY.values(), key=_order)
 
 
 def get_family(task_id: str) -> Family:
@@ -295,6 +358,28 @@ class Instance:
         return self.family.id
 
     @property
+    def writes(self) -> bool:
+        """Whether this instance expects a change (decided per instance: a conditional order's seeds draw
+        both branches); what the light validator, the results' read/write split and the report follow."""
+        return bool(self.gold.expects)
+
+    @property
+    def resource_types(self) -> tuple[str, ...]:
+        fam = self.family
+        return fam.resource_types if self.writes or fam.read_resource_types is None else fam.read_resource_types
+
+    @property
+    def sequences(self) -> tuple[tuple[str, ...], ...]:
+        fam = self.family
+        return fam.sequences if self.writes or fam.read_sequences is None else fam.read_sequences
+
+    @property
+    def prohibited_tools(self) -> tuple[str, ...]:
+        if self.family.prohibited_tools is not None:
+            return self.family.prohibited_tools
+        return () if self.writes else WRITE_TOOLS
+
+    @property
     def prompt_id(self) -> str:
         return hashlib.sha256(self.prompt.encode()).hexdigest()[:16]
 
@@ -324,7 +409,7 @@ class Instance:
         collateral = [f"{c.op} {c.key}" for c in m.collateral]
         reasons += [f"collateral write: {c}" for c in collateral]
         success = not reasons
-        light = (m.light_ok and bool(changes)) if fam.writes else None
+        light = (m.light_ok and bool(changes)) if self.writes else None
         return Verdict(success, light, answer_ok, reasons, collateral, changes)
 
     @cached_property
@@ -342,14 +427,14 @@ class Instance:
     def describe(self) -> dict:
         """Everything `fhirgym tasks show` prints."""
         return {"task_id": self.task_id, "category": self.family.category, "difficulty": self.family.difficulty,
-                "writes": self.family.writes, "seed": self.seed, "now": self.now.isoformat(),
+                "writes": self.writes, "seed": self.seed, "now": self.now.isoformat(),
                 "weekday": self.now.strftime("%A"), "params": render(self.params), "prompt": self.prompt,
                 "setup": [f"{r['resourceType']}/{r.get('id')}" for r in self.setup],
                 "gold_answer": None if self.gold.answer is None else render(self.gold.answer),
                 "expected_changes": [e.describe() for e in self.gold.expects],
-                "resource_types": list(self.family.resource_types),
-                "sequences": [list(s) for s in self.family.sequences],
-                "prohibited_tools": list(self.family.prohibited_tools)}
+                "resource_types": list(self.resource_types),
+                "sequences": [list(s) for s in self.sequences],
+                "prohibited_tools": list(self.prohibited_tools)}
 
 
 @dataclass
@@ -389,14 +474,15 @@ def make_instance(family: Family | str, seed: int, world: TaskWorld | str | Path
     """Instantiate ``family`` for ``seed`` on ``world``: params, frozen now, setup, pre-run snapshot, gold."""
     fam = get_family(family) if isinstance(family, str) else family
     tw = world if isinstance(world, TaskWorld) else TaskWorld.open(world)
-    now = frozen_now(tw.anchor, random.Random(f"now|{fam.id}|{seed}"))
+    label, draw = fam.stream(seed)
+    now = frozen_now(tw.anchor, random.Random(f"now|{label}|{draw}"))
     with tw.lock:
         client = tw.scratch(now)
-        view = View(tw, client, now, seed, fam.id)
+        view = View(tw, client, now, draw, label)
         params = None
         for attempt in range(attempts):
             view.attempt = attempt
-            params = fam.sample(view, random.Random(f"{fam.id}|{seed}|{attempt}"))
+            params = fam.sample(view, random.Random(f"{label}|{draw}|{attempt}"))
             if params is not None:
                 break
         if params is None:

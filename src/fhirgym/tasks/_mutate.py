@@ -23,10 +23,11 @@ from dataclasses import dataclass
 
 import orjson
 
+from ..spec.codes import CONFIDENTIALITY, CVX, LOINC, RXNORM, SNOMED
 from ..tools import Toolbox, ToolCall
 from ._answer import NOT_FOUND, AnswerSpec, render
-from ._expect import Check, ref_key, values
 from ._family import Instance, Verdict
+from .checks import Check, ref_key, values
 
 WRITES = ("createResource", "updateResource")
 NA = object()  # an edit's answer: "this write offers nothing to mutate", try the next one
@@ -166,9 +167,8 @@ def _checks(inst: Instance, rtype: str, kind: str) -> list[Check]:
 
 
 #: Real codes of another meaning, per system: what an agent that codes two concepts at once adds.
-_RIVAL_CODES = {"http://snomed.info/sct": ("22298006", "38341003"), "http://loinc.org": ("2345-7", "718-7"),
-                "http://www.nlm.nih.gov/research/umls/rxnorm": ("197361", "310965"),
-                "http://hl7.org/fhir/sid/cvx": ("140", "08")}
+_RIVAL_CODES = {SNOMED: ("22298006", "38341003"), LOINC: ("2345-7", "718-7"), RXNORM: ("197361", "310965"),
+                CVX: ("140", "08")}
 
 
 def _add_wrong_code(inst: Instance) -> Callable:
@@ -250,7 +250,7 @@ def _add_security_label(box: Toolbox, name: str, args: dict) -> dict | None:
         return NA
     meta = args["body"].setdefault("meta", {})
     meta["security"] = [*meta.get("security", []), {
-        "system": "http://terminology.hl7.org/CodeSystem/v3-Confidentiality", "code": "R"}]
+        "system": CONFIDENTIALITY, "code": "R"}]
     return args
 
 
@@ -372,7 +372,7 @@ def run_mutation(inst: Instance, mutation: str) -> Outcome:
             inst.family.solve(inner, inst.params, inst.now)
             text = (_hedged if mutation == "hedged_answer" else _equivalent_answer)(spec, gold)
             return Outcome(mutation, True, ep.finish(text))
-        if mutation == "identical_update" and not inst.family.writes:
+        if mutation == "identical_update" and not inst.writes:
             return Outcome(mutation, False, None)
         text = inst.family.solve(inner, inst.params, inst.now)
         if mutation == "extra_write":

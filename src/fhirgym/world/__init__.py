@@ -8,6 +8,8 @@ and genetics generators.
 from ._admin import EMPLOYERS, INSURERS
 from ._build import (
     DEFAULT_ANCHOR,
+    DEFAULT_PATIENTS,
+    DEFAULT_SEED,
     GENERATOR_VERSION,
     META_KEY,
     ValidationReport,
@@ -25,6 +27,8 @@ from ._synthea import repair_bundle, synthea_bundles
 
 __all__ = [
     "DEFAULT_ANCHOR",
+    "DEFAULT_PATIENTS",
+    "DEFAULT_SEED",
     "EMPLOYERS",
     "GENERATOR_VERSION",
     "INDICATIONS",

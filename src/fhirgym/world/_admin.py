@@ -60,24 +60,27 @@ from datetime import date, timedelta
 import orjson
 
 from .._gc import gc_paused
+from ..spec.codes import (
+    ACCOUNT_ID,
+    ACT_CODE,
+    APPOINTMENT_TYPE,
+    CANCELLATION_REASON,
+    COVERAGE_CLASS,
+    IDENTIFIER_TYPE,
+    LOCATION_PHYSICAL_TYPE,
+    ORGANIZATION_TYPE,
+    PARTICIPATION_TYPE,
+    PRACTITIONER_ROLE,
+    ROLE_CODE,
+    SERVICE_CATEGORY,
+    SERVICE_TYPE,
+    SNOMED,
+    SUBSCRIBER_RELATIONSHIP,
+    US_NPI,
+)
 from ._context import WorldContext
 
-SNOMED = "http://snomed.info/sct"
 BCP47 = "urn:ietf:bcp:47"
-ORG_TYPE = "http://terminology.hl7.org/CodeSystem/organization-type"
-SERVICE_TYPE = "http://terminology.hl7.org/CodeSystem/service-type"
-SERVICE_CATEGORY = "http://terminology.hl7.org/CodeSystem/service-category"
-APPOINTMENT_TYPE = "http://terminology.hl7.org/CodeSystem/v2-0276"
-CANCEL_REASON = "http://terminology.hl7.org/CodeSystem/appointment-cancellation-reason"
-ROLE_CODE = "http://terminology.hl7.org/CodeSystem/v3-RoleCode"
-ACT_CODE = "http://terminology.hl7.org/CodeSystem/v3-ActCode"
-SUBSCRIBER_REL = "http://terminology.hl7.org/CodeSystem/subscriber-relationship"
-COVERAGE_CLASS = "http://terminology.hl7.org/CodeSystem/coverage-class"
-PRACTITIONER_ROLE = "http://terminology.hl7.org/CodeSystem/practitioner-role"
-PARTICIPATION_TYPE = "http://terminology.hl7.org/CodeSystem/v3-ParticipationType"
-IDENTIFIER_TYPE = "http://terminology.hl7.org/CodeSystem/v2-0203"
-NPI = "http://hl7.org/fhir/sid/us-npi"
-ACCOUNT_ID = "http://hospital.smarthealthit.org/account"
 
 HISTORY_DAYS = 14  # slots from anchor - 14 ...
 FUTURE_DAYS = 42  # ... to anchor + 41
@@ -296,7 +299,7 @@ def _format(rng: random.Random, pattern: str) -> str:
 
 
 def _npi(rng: random.Random) -> str:
-    """A 10-digit NPI with a valid Luhn check digit (computed over the 80840 prefix, as CMS does)."""
+    """A 10-digit US_NPI with a valid Luhn check digit (computed over the 80840 prefix, as CMS does)."""
     base = str(rng.randint(1, 2)) + "".join(str(rng.randrange(10)) for _ in range(8))
     total = 0
     for i, ch in enumerate(reversed("80840" + base)):
@@ -476,17 +479,17 @@ def _organizations(ctx: WorldContext, b: _Builder) -> dict[str, tuple[Site, dict
         name = site.name if site.name.casefold() not in taken else f"{site.name} ({site.city})"
         address = {"use": "work", "line": [site.street], "city": site.city, "state": "MA",
                    "postalCode": site.postal, "country": "US"}
-        org_types = [_cc(ORG_TYPE, "prov", "Healthcare Provider")]
+        org_types = [_cc(ORGANIZATION_TYPE, "prov", "Healthcare Provider")]
         if site.lab:
-            org_types.append(_cc(ORG_TYPE, "other", "Other", "Laboratory"))
+            org_types.append(_cc(ORGANIZATION_TYPE, "other", "Other", "Laboratory"))
         org = b.new("Organization", active=True,
-                    identifier=[{"system": NPI, "value": _npi(rng)}], type=org_types, name=name,
+                    identifier=[{"system": US_NPI, "value": _npi(rng)}], type=org_types, name=name,
                     telecom=[{"system": "phone", "value": site.phone, "use": "work"}], address=[address])
         loc = b.new("Location", status="active", name=name, mode="instance",
                     type=[_cc(ROLE_CODE, *site.location_type)],
                     telecom=[{"system": "phone", "value": site.phone, "use": "work"}],
                     address=copy.deepcopy(address),
-                    physicalType=_cc("http://terminology.hl7.org/CodeSystem/location-physical-type", "bu", "Building"),
+                    physicalType=_cc(LOCATION_PHYSICAL_TYPE, "bu", "Building"),
                     managingOrganization=_ref(org, name))
         sites[site.name] = (site, org, loc)
     return sites
@@ -506,11 +509,11 @@ def _insurers(ctx: WorldContext, b: _Builder) -> dict[str, dict]:
             for org in same:  # every copy, in case the caller kept duplicates
                 codes = {c.get("code") for t in org.get("type", []) for c in t.get("coding", [])}
                 if "pay" not in codes:
-                    org.setdefault("type", []).append(_cc(ORG_TYPE, "pay", "Payer"))
+                    org.setdefault("type", []).append(_cc(ORGANIZATION_TYPE, "pay", "Payer"))
             out[ins.name] = same[0]
             continue
         out[ins.name] = b.new("Organization", active=True,
-                              type=[_cc(ORG_TYPE, "ins", "Insurance Company"), _cc(ORG_TYPE, "pay", "Payer")],
+                              type=[_cc(ORGANIZATION_TYPE, "ins", "Insurance Company"), _cc(ORGANIZATION_TYPE, "pay", "Payer")],
                               name=ins.name, telecom=[{"system": "phone", "value": ins.phone, "use": "work"}])
     return out
 
@@ -633,7 +636,7 @@ def _doctor(ctx: WorldContext, b: _Builder, rng: random.Random, spec: _Spec,
     birth = ctx.anchor - timedelta(days=rng.randint(33 * 365, 66 * 365))
     practitioner = b.new(
         "Practitioner", active=not retired,
-        identifier=[{"system": NPI, "value": _npi(rng)}],
+        identifier=[{"system": US_NPI, "value": _npi(rng)}],
         name=[{"use": "official", "family": family, "given": [given], "prefix": ["Dr."]}],
         telecom=[{"system": "phone", "value": site.phone, "use": "work"},
                  {"system": "email", "use": "work",
@@ -836,7 +839,7 @@ class _Booker:
         )
         if status == "cancelled":
             code, display = rng.choice(CANCEL_REASONS)
-            res["cancelationReason"] = _cc(CANCEL_REASON, code, display)
+            res["cancelationReason"] = _cc(CANCELLATION_REASON, code, display)
             res["participant"][0 if code.startswith("pat") else 1]["status"] = "declined"
             slot.bookable = False  # free again, but not re-booked here: one slot, one story
         else:
@@ -1124,7 +1127,7 @@ def _coverage(ctx: WorldContext, b: _Builder, rng: random.Random, plan: _Insuran
                                  "value": f"{member}-{dependent or '00'}"}],
         status=status, type=_cc(ACT_CODE, product.kind, COVERAGE_KIND[product.kind]),
         subscriber=_ref(subscriber, holder), subscriberId=member, beneficiary=_ref(p.resource, p.display),
-        relationship=_cc(SUBSCRIBER_REL, *relationship),
+        relationship=_cc(SUBSCRIBER_RELATIONSHIP, *relationship),
         period={"start": start.isoformat(), **({"end": end.isoformat()} if end else {})},
         payor=[_ref(payor, ins.name)],
         **{"class": [

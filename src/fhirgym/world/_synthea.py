@@ -15,6 +15,8 @@ from pathlib import Path
 
 import orjson
 
+from ..spec.codes import ORGANIZATION_TYPE
+
 
 def synthea_bundles(seed: int, patients: int, reference_date: str = "20250101",
                     state: str = "Massachusetts", threads: int | None = None) -> list[dict]:
@@ -55,7 +57,7 @@ SELF_PAY_ORG = {
     "active": True,
     "identifier": [{"system": "https://github.com/synthetichealth/synthea", "value": "self-pay"}],
     "name": "Self-pay (no insurance)",
-    "type": [{"coding": [{"system": "http://terminology.hl7.org/CodeSystem/organization-type", "code": "pay",
+    "type": [{"coding": [{"system": ORGANIZATION_TYPE, "code": "pay",
                           "display": "Payer"}]}],
 }
 

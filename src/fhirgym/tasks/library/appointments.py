@@ -33,16 +33,25 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import TypeVar
 
+from ...spec.codes import APPOINTMENT_TYPE, CANCELLATION_REASON, PARTICIPATION_TYPE, SNOMED
 from ...tools import Toolbox
-from .._answer import parse_instant
-from .._expect import Check, Expect, coded, custom, eq, on_day, ref, ref_key, refs_exactly
-from .._family import Family, Gold, View, register
-from ._common import SNOMED, deal, full_name, human_date, official_name
+from .. import Expect, Family, Gold, View, register
+from ..checks import Check, absent, at, coded, custom, eq, may_set, on_day, ref, ref_id, ref_key, refs_exactly
+from ..draw import deal, human_date
+from ..facts import (
+    Appointment,
+    Slot,
+    active_schedules,
+    appointments,
+    full_name,
+    identifiable_patients,
+    official_name,
+    practitioners,
+    slots,
+)
+from ..solve import read, search, update
 
 T = TypeVar("T")
-CANCEL_REASON = "http://terminology.hl7.org/CodeSystem/appointment-cancellation-reason"
-APPOINTMENT_TYPE = "http://terminology.hl7.org/CodeSystem/v2-0276"
-PARTICIPATION = "http://terminology.hl7.org/CodeSystem/v3-ParticipationType"
 PEDIATRICS, GENERAL, OBGYN = "394537008", "394814009", "394585009"  # SNOMED specialty codes
 HOLDING = frozenset({"booked", "arrived", "fulfilled", "noshow", "checked-in"})
 #: Cancellation reasons a caller would give (code, display).
@@ -61,44 +70,21 @@ FREE_SHAPE = ("set the appointment's status to cancelled (leave the rest of it a
 # -- world facts (cached per world file) -----------------------------------------------------------------
 
 @dataclass
-class _Slot:
-    id: str
-    schedule: str
-    start: str  # ISO instant, ...Z (every instant of the world has this form, so strings compare)
-    end: str
-    status: str
-    urgent: bool  # kept for urgent visits (appointmentType EMERGENCY)
-
-
-@dataclass
-class _Appt:
-    id: str
-    status: str
-    start: str | None
-    at: datetime | None
-    patient: str | None
-    doctor: str | None  # practitioner id
-    slot: str | None
-    routine: bool  # not an urgent visit
-    requested: tuple[str, str] | None  # requestedPeriod start, end (dates)
-
-
-@dataclass
 class _World:
     doctors: dict[str, dict] = field(default_factory=dict)  # practitioner id -> facts (promptable ones)
     by_schedule: dict[str, str] = field(default_factory=dict)  # schedule id -> practitioner id (all)
     sched_code: dict[str, str] = field(default_factory=dict)  # schedule id -> SNOMED specialty code
-    slots: dict[str, list[_Slot]] = field(default_factory=dict)  # schedule id -> its slots by start
+    slots: dict[str, list[Slot]] = field(default_factory=dict)  # schedule id -> its slots by start
     starts: dict[str, list[str]] = field(default_factory=dict)  # schedule id -> their starts (bisect)
-    at: dict[str, list[_Slot]] = field(default_factory=dict)  # start -> every slot starting then
-    slot_by_id: dict[str, _Slot] = field(default_factory=dict)
-    appts: dict[str, _Appt] = field(default_factory=dict)
-    by_patient: dict[str, list[_Appt]] = field(default_factory=lambda: defaultdict(list))
-    booked: dict[str, list[_Appt]] = field(default_factory=dict)  # patient -> booked, by start
+    at: dict[str, list[Slot]] = field(default_factory=dict)  # start -> every slot starting then
+    slot_by_id: dict[str, Slot] = field(default_factory=dict)
+    appts: dict[str, Appointment] = field(default_factory=dict)
+    by_patient: dict[str, list[Appointment]] = field(default_factory=lambda: defaultdict(list))
+    booked: dict[str, list[Appointment]] = field(default_factory=dict)  # patient -> booked, by start
     patients: dict[str, dict] = field(default_factory=dict)  # promptable patients: id -> name, birth ...
     holding_days: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     rivalled: set[str] = field(default_factory=set)  # free slots beside a same-time free slot of a rival
-    movable: list[_Appt] = field(default_factory=list)  # booked routine visits, promptable people
+    movable: list[Appointment] = field(default_factory=list)  # booked routine visits, promptable people
 
 
 def _z(dt: datetime) -> str:
@@ -110,12 +96,7 @@ def _dt(text: str) -> datetime:
 
 
 def _id(reference: object, rtype: str) -> str | None:
-    key = ref_key(reference)
-    return key.split("/", 1)[1] if key and key.startswith(rtype + "/") else None
-
-
-def _actor(resource: dict, rtype: str) -> str | None:
-    return next((i for p in resource.get("participant", []) if (i := _id(p.get("actor"), rtype))), None)
+    return ref_id(reference, rtype) or None
 
 
 def _urgent(resource: dict) -> bool:
@@ -124,9 +105,8 @@ def _urgent(resource: dict) -> bool:
 
 
 def _build_doctors(view: View, w: _World) -> None:
-    scheds = view.search("Schedule", {"active": "true", "_count": "1000"})
-    pracs = {p["id"]: p for p in view.search("Practitioner", {"_count": "1000",
-                                                              "_elements": "name,address,active"})}
+    scheds = active_schedules(view)
+    pracs = practitioners(view)
     by_name: dict[tuple[str, str], list[str]] = defaultdict(list)
     for p in pracs.values():
         n = official_name(p)
@@ -158,13 +138,10 @@ def _build_doctors(view: View, w: _World) -> None:
 
 
 def _build_slots(view: View, w: _World) -> None:
-    wanted = "schedule,status,start,end,appointmentType"
-    for s in view.search("Slot", {"_count": "1000", "_elements": wanted}):
-        sched = _id(s.get("schedule"), "Schedule")
-        if sched not in w.by_schedule:
+    for slot in slots(view):
+        if slot.schedule not in w.by_schedule:
             continue
-        slot = _Slot(s["id"], sched, s["start"], s["end"], s["status"], _urgent(s))
-        w.slots.setdefault(sched, []).append(slot)
+        w.slots.setdefault(slot.schedule, []).append(slot)
         w.at.setdefault(slot.start, []).append(slot)
         w.slot_by_id[slot.id] = slot
     for sched, items in w.slots.items():
@@ -172,7 +149,7 @@ def _build_slots(view: View, w: _World) -> None:
         w.starts[sched] = [x.start for x in items]
     name = {d["schedule"]: d["name"] for d in w.doctors.values()}
 
-    def rivals(a: _Slot, b: _Slot) -> bool:  # b's doctor could be mistaken for a's
+    def rivals(a: Slot, b: Slot) -> bool:  # b's doctor could be mistaken for a's
         same_name = a.schedule in name and name.get(b.schedule) == name[a.schedule]
         same_specialty = w.sched_code[b.schedule] == w.sched_code[a.schedule]
         return b.schedule != a.schedule and (same_specialty or same_name)
@@ -183,24 +160,12 @@ def _build_slots(view: View, w: _World) -> None:
 
 
 def _build_people(view: View, w: _World) -> None:
-    pats = view.search("Patient", {"_count": "1000", "_elements": "name,birthDate,deceased,active,gender"})
-    seen: dict[tuple[str, str], int] = defaultdict(int)
-    for p in pats:
-        seen[(full_name(p).casefold(), p.get("birthDate", ""))] += 1
-    for p in pats:
+    for p in identifiable_patients(view):
         n = official_name(p)
-        if (not p.get("birthDate") or not p.get("name") or "deceasedDateTime" in p or p.get("deceasedBoolean")
-                or p.get("active") is False or seen[(full_name(p).casefold(), p["birthDate"])] != 1):
-            continue
         w.patients[p["id"]] = {"id": p["id"], "name": full_name(p), "given": (n.get("given") or [""])[0],
                                "family": n.get("family", ""), "birth": p["birthDate"],
                                "gender": p.get("gender")}
-    for a in view.search("Appointment", {"_count": "1000"}):
-        period = (a.get("requestedPeriod") or [None])[0]
-        appt = _Appt(a["id"], a["status"], a.get("start"), _dt(a["start"]) if a.get("start") else None,
-                     _actor(a, "Patient"), _actor(a, "Practitioner"),
-                     _id((a.get("slot") or [None])[0], "Slot"), not _urgent(a),
-                     (period["start"][:10], period["end"][:10]) if period else None)
+    for appt in appointments(view):
         w.appts[appt.id] = appt
         if appt.patient:
             w.by_patient[appt.patient].append(appt)
@@ -209,7 +174,7 @@ def _build_people(view: View, w: _World) -> None:
     for pid, items in w.by_patient.items():
         w.booked[pid] = sorted((a for a in items if a.status == "booked" and a.at),
                                key=lambda a: a.start or "")
-        w.movable += [a for a in w.booked[pid] if pid in w.patients and a.doctor in w.doctors and a.routine
+        w.movable += [a for a in w.booked[pid] if pid in w.patients and a.practitioner in w.doctors and a.routine
                       and a.slot in w.slot_by_id]
     w.movable.sort(key=lambda a: (a.patient or "", a.start or ""))
 
@@ -226,7 +191,7 @@ def _world(view: View) -> _World:
     return view.cached("appt_world", lambda: _build(view))
 
 
-def _upcoming(w: _World, pid: str, now: datetime) -> list[_Appt] | None:
+def _upcoming(w: _World, pid: str, now: datetime) -> list[Appointment] | None:
     """The patient's booked appointments after now, by start; None if one is too close to now to be clear."""
     booked = w.booked.get(pid, [])
     if any(abs(a.at - now) <= MARGIN for a in booked if a.at):
@@ -234,7 +199,7 @@ def _upcoming(w: _World, pid: str, now: datetime) -> list[_Appt] | None:
     return [a for a in booked if a.at and a.at > now]
 
 
-def _free(w: _World, sched: str, after: str) -> Iterator[_Slot]:
+def _free(w: _World, sched: str, after: str) -> Iterator[Slot]:
     """The schedule's free routine slots starting at or after ``after``, by start."""
     items = w.slots.get(sched, [])
     for s in items[bisect_left(w.starts.get(sched, []), after):]:
@@ -336,22 +301,8 @@ def _participants(patient: str | None, practitioner: str | None, accepted: bool,
     return custom("participant", f"participants: {what}" + (", accepted" if accepted else ""), fn)
 
 
-def _at(path: str, expected: str) -> Check:
-    """The instant at ``path`` is ``expected`` (any ISO form or offset), to the minute."""
-    want = _dt(expected)
-
-    def fn(after: dict, before: dict | None) -> str | None:
-        for v in (after.get(path),) if not isinstance(after.get(path), list) else after[path]:
-            got = parse_instant(v) if v else None
-            if got is not None and abs((got - want).total_seconds()) < 60:
-                return None
-        return f"{path} is {after.get(path) or 'missing'}, expected {expected}"
-    return custom(path, f"{path} at {expected}", fn)
 
 
-def _may_set(path: str) -> Check:
-    """The element may be added or changed (e.g. a cancellation reason nobody asked for)."""
-    return Check(path, f"{path} may be set", lambda after, before: None, light=False)
 
 
 def _duration_ok() -> Check:
@@ -363,26 +314,21 @@ def _duration_ok() -> Check:
     return Check("minutesDuration", "minutesDuration absent or 30", fn, light=False)
 
 
-def _absent(*paths: str) -> Check:
-    def fn(after: dict, before: dict | None) -> str | None:
-        there = [p for p in paths if after.get(p)]
-        return f"{', '.join(there)} should not be set" if there else None
-    return Check(paths[0], f"no {', '.join(paths)}", fn, light=False)
 
 
-def _booked(slot: _Slot, patient: str, practitioner: str) -> tuple[Check, ...]:
-    return (eq("status", "booked"), refs_exactly("slot", [f"Slot/{slot.id}"]), _at("start", slot.start),
-            _at("end", slot.end), _participants(f"Patient/{patient}", f"Practitioner/{practitioner}", True))
+def _booked(slot: Slot, patient: str, practitioner: str) -> tuple[Check, ...]:
+    return (eq("status", "booked"), refs_exactly("slot", [f"Slot/{slot.id}"]), at("start", slot.start),
+            at("end", slot.end), _participants(f"Patient/{patient}", f"Practitioner/{practitioner}", True))
 
 
 def _slot_to(slot_id: str, status: str) -> Expect:
     return Expect("update", "Slot", id=slot_id, checks=(eq("status", status),))
 
 
-def _cancel_gold(w: _World, appt: _Appt, reason: str | None) -> Gold:
+def _cancel_gold(w: _World, appt: Appointment, reason: str | None) -> Gold:
     checks: tuple[Check, ...] = (eq("status", "cancelled"), _participants(None, None, False),
-                                 coded("cancelationReason", CANCEL_REASON, reason) if reason
-                                 else _may_set("cancelationReason"))
+                                 coded("cancelationReason", CANCELLATION_REASON, reason) if reason
+                                 else may_set("cancelationReason"))
     slot = w.slot_by_id.get(appt.slot or "")
     assert slot is not None and slot.status == "busy", appt.id
     return Gold(expects=[Expect("update", "Appointment", id=appt.id, checks=checks),
@@ -391,26 +337,16 @@ def _cancel_gold(w: _World, appt: _Appt, reason: str | None) -> Gold:
 
 # -- the reference solution's steps (tools only, from what the prompt says) -------------------------------
 
-def _out(tools: Toolbox, name: str, args: dict) -> dict:
-    call = tools.call(name, args)
-    return call.output if isinstance(call.output, dict) else {}
 
 
-def _search(tools: Toolbox, rtype: str, params: dict) -> list[dict]:
-    return _out(tools, "searchResources", {"resourceType": rtype, "params": params}).get("resources", [])
 
 
-def _read(tools: Toolbox, rtype: str, rid: str) -> dict:
-    return _out(tools, "getResourceById", {"resourceType": rtype, "resourceId": rid})
 
 
-def _update(tools: Toolbox, resource: dict) -> None:
-    tools.call("updateResource", {"resourceType": resource["resourceType"], "resourceId": resource["id"],
-                                  "body": resource})
 
 
 def _find_patient(tools: Toolbox, params: dict) -> str:
-    found = _search(tools, "Patient", {"family": params["family"], "given": params["given"],
+    found = search(tools, "Patient", {"family": params["family"], "given": params["given"],
                                        "birthdate": params["birth"]})
     return next(p["id"] for p in found if full_name(p) == params["name"])
 
@@ -420,14 +356,14 @@ def _find_doctor(tools: Toolbox, params: dict) -> tuple[str, str]:
     shared: by specialty or by city)."""
     given, family, hint = params["doc_given"], params["doc_family"], params["doc_hint"]
     found = []
-    for p in _search(tools, "Practitioner", {"given": given, "family": family, "active": "true"}):
+    for p in search(tools, "Practitioner", {"given": given, "family": family, "active": "true"}):
         n = official_name(p)
         if (n.get("given") or [""])[0] == given and n.get("family") == family:
             found.append(p)
     if "city" in hint:
         found = [p for p in found if any(a.get("city") == hint["city"] for a in p.get("address", []))]
     for p in found:
-        for s in _search(tools, "Schedule", {"actor": f"Practitioner/{p['id']}", "active": "true"}):
+        for s in search(tools, "Schedule", {"actor": f"Practitioner/{p['id']}", "active": "true"}):
             texts = [c.get("text") for c in s.get("specialty", [])]
             if "specialty" not in hint or hint["specialty"] in texts:
                 return p["id"], s["id"]
@@ -441,15 +377,15 @@ def _first_free(tools: Toolbox, schedule: str, at_or_after: str, before: str | N
                     "_sort": "start", "_count": "40", "_elements": "start,end,appointmentType"}
     if before:
         params["start"].append(f"lt{before}")
-    return next((s for s in _search(tools, "Slot", params)
+    return next((s for s in search(tools, "Slot", params)
                  if not _urgent(s) and s["start"][:10] not in skip_days), None)
 
 
 def _slot_at(tools: Toolbox, schedule: str, start: str) -> dict:
     end = _z(_dt(start) + timedelta(minutes=1))
-    found = _search(tools, "Slot", {"schedule": f"Schedule/{schedule}", "status": "free",
+    found = search(tools, "Slot", {"schedule": f"Schedule/{schedule}", "status": "free",
                                     "start": [f"ge{start}", f"lt{end}"]})
-    return _read(tools, "Slot", found[0]["id"])
+    return read(tools, "Slot", found[0]["id"])
 
 
 def _patient_appointments(tools: Toolbox, patient: str, status: str, since: datetime | None) -> list[dict]:
@@ -457,7 +393,7 @@ def _patient_appointments(tools: Toolbox, patient: str, status: str, since: date
                     "_elements": "status,start,end,slot,participant"}
     if since is not None:
         params["date"] = f"gt{_z(since)}"
-    return _search(tools, "Appointment", params)
+    return search(tools, "Appointment", params)
 
 
 def _with(appts: list[dict], practitioner: str) -> list[dict]:
@@ -465,24 +401,24 @@ def _with(appts: list[dict], practitioner: str) -> list[dict]:
 
 
 def _book(tools: Toolbox, slot_id: str, patient: str, practitioner: str) -> None:
-    slot = _read(tools, "Slot", slot_id)
+    slot = read(tools, "Slot", slot_id)
     tools.call("createResource", {"resourceType": "Appointment", "body": {
         "resourceType": "Appointment", "status": "booked", "slot": [{"reference": f"Slot/{slot_id}"}],
         "start": slot["start"], "end": slot["end"], "minutesDuration": 30,
         "participant": [{"actor": {"reference": f"Patient/{patient}"}, "status": "accepted"},
                         {"actor": {"reference": f"Practitioner/{practitioner}"}, "status": "accepted"}]}})
-    _update(tools, {**slot, "status": "busy"})
+    update(tools, {**slot, "status": "busy"})
 
 
 def _cancel(tools: Toolbox, appt_id: str, reason: list[str] | None) -> None:
-    appt = _read(tools, "Appointment", appt_id)
+    appt = read(tools, "Appointment", appt_id)
     appt["status"] = "cancelled"
     if reason:
-        appt["cancelationReason"] = {"coding": [{"system": CANCEL_REASON, "code": reason[0],
+        appt["cancelationReason"] = {"coding": [{"system": CANCELLATION_REASON, "code": reason[0],
                                                  "display": reason[1]}]}
-    _update(tools, appt)
+    update(tools, appt)
     slot_id = _id(appt["slot"][0], "Slot") or ""
-    _update(tools, {**_read(tools, "Slot", slot_id), "status": "free"})
+    update(tools, {**read(tools, "Slot", slot_id), "status": "free"})
 
 
 # -- booking -----------------------------------------------------------------------------------------------
@@ -664,12 +600,12 @@ class CancelWithProvider(Family):
         options = []
         for pid in sorted(w.patients):
             up = _upcoming(w, pid, view.now) or []
-            docs = [a.doctor for a in up]
-            options += [(a, len(up)) for a in up if a.doctor in w.doctors and docs.count(a.doctor) == 1]
+            docs = [a.practitioner for a in up]
+            options += [(a, len(up)) for a in up if a.practitioner in w.doctors and docs.count(a.practitioner) == 1]
         a = _prefer(view, options)
-        if a is None or a.patient is None or a.doctor is None:
+        if a is None or a.patient is None or a.practitioner is None:
             return None
-        return {**_patient_params(w.patients[a.patient]), **_doctor_params(w.doctors[a.doctor]),
+        return {**_patient_params(w.patients[a.patient]), **_doctor_params(w.doctors[a.practitioner]),
                 "appointment_id": a.id, "reason": list(rng.choice(PATIENT_REASONS))}
 
     def prompt(self, params: dict) -> str:
@@ -680,7 +616,7 @@ class CancelWithProvider(Family):
     def gold(self, view: View, params: dict) -> Gold:
         w = _world(view)
         up = _upcoming(w, params["patient_id"], view.now) or []
-        match = [a for a in up if a.doctor == params["doc_id"]]
+        match = [a for a in up if a.practitioner == params["doc_id"]]
         assert len(match) == 1 and match[0].id == params["appointment_id"]
         return _cancel_gold(w, match[0], params["reason"][0])
 
@@ -746,12 +682,12 @@ class CancelMondayAppointment(Family):
 
 # -- waitlist ----------------------------------------------------------------------------------------------
 
-def _waitlisted(w: _World) -> list[_Appt]:
+def _waitlisted(w: _World) -> list[Appointment]:
     """Every waitlist entry of a promptable patient and doctor, the patient's only one with that doctor."""
     out = []
     for a in w.appts.values():
-        if a.status == "waitlist" and a.patient in w.patients and a.doctor in w.doctors and a.requested:
-            same = [b for b in w.by_patient[a.patient] if b.status == "waitlist" and b.doctor == a.doctor]
+        if a.status == "waitlist" and a.patient in w.patients and a.practitioner in w.doctors and a.requested:
+            same = [b for b in w.by_patient[a.patient] if b.status == "waitlist" and b.practitioner == a.practitioner]
             if len(same) == 1:
                 out.append(a)
     return sorted(out, key=lambda a: a.id)
@@ -775,7 +711,7 @@ class AddToWaitlist(Family):
         doc = rng.choice(_usable_doctors(w))
         by_specialty = rng.random() < 0.35
         def free_of(p: dict) -> bool:  # not on a waitlist this request would duplicate
-            return not any(a.status == "waitlist" and (by_specialty or a.doctor == doc["id"])
+            return not any(a.status == "waitlist" and (by_specialty or a.practitioner == doc["id"])
                            for a in w.by_patient[p["id"]])
 
         p = _pick_patient(w, rng, free_of, doc, view.now.date())
@@ -810,7 +746,7 @@ class AddToWaitlist(Family):
         return Gold(expects=[Expect("create", "Appointment", checks=(
             eq("status", "waitlist"), on_day("requestedPeriod.start", params["start"]),
             on_day("requestedPeriod.end", params["end"]), ref("participant.actor", patient, extras=True), *who,
-            _absent("slot", "start", "end")))])
+            absent("slot", "start", "end")))])
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         patient = _find_patient(tools, params)
@@ -828,15 +764,15 @@ class AddToWaitlist(Family):
         return "Added the patient to the waitlist."
 
 
-def _window_slot(w: _World, a: _Appt, now: datetime) -> _Slot | None:
+def _window_slot(w: _World, a: Appointment, now: datetime) -> Slot | None:
     """The doctor's earliest free routine slot inside the entry's requested period, after now, on a day the
     patient holds no other booking; None when that answer would sit on a boundary (within minutes of now,
     or on/after the period's last day, whose inclusion a reader may doubt)."""
-    if a.requested is None or a.doctor not in w.doctors or a.patient is None:
+    if a.requested is None or a.practitioner not in w.doctors or a.patient is None:
         return None
     first, last = a.requested
     taken = w.holding_days[a.patient]
-    for s in _free(w, w.doctors[a.doctor]["schedule"], max(_z(now), first + "T00:00:00Z")):
+    for s in _free(w, w.doctors[a.practitioner]["schedule"], max(_z(now), first + "T00:00:00Z")):
         if s.start[:10] >= last or _dt(s.start) - now < SOON:
             return None
         if s.start[:10] not in taken:
@@ -863,8 +799,8 @@ class WaitlistToSlot(Family):
         if not options:
             return None
         a = deal(view, options)  # by seed: no option is the gold of many seeds
-        assert a.patient is not None and a.doctor is not None
-        return {**_patient_params(w.patients[a.patient]), **_doctor_params(w.doctors[a.doctor]),
+        assert a.patient is not None and a.practitioner is not None
+        return {**_patient_params(w.patients[a.patient]), **_doctor_params(w.doctors[a.practitioner]),
                 "appointment_id": a.id}
 
     def prompt(self, params: dict) -> str:
@@ -887,20 +823,20 @@ class WaitlistToSlot(Family):
         patient = _find_patient(tools, params)
         prac, sched = _find_doctor(tools, params)
         entry = _with(_patient_appointments(tools, patient, "waitlist", None), prac)[0]
-        appt = _read(tools, "Appointment", entry["id"])
+        appt = read(tools, "Appointment", entry["id"])
         period = appt["requestedPeriod"][0]
         lo = max(_z(now), period["start"][:10] + "T00:00:00Z")
         hi = (date.fromisoformat(period["end"][:10]) + timedelta(days=1)).isoformat()
         taken = frozenset(a["start"][:10] for a in _patient_appointments(tools, patient, "booked", None))
         found = _first_free(tools, sched, lo, hi, taken)
         assert found is not None
-        slot = _read(tools, "Slot", found["id"])
+        slot = read(tools, "Slot", found["id"])
         appt.update(status="booked", slot=[{"reference": f"Slot/{slot['id']}"}], start=slot["start"],
                     end=slot["end"])
         for p in appt["participant"]:
             p["status"] = "accepted"
-        _update(tools, appt)
-        _update(tools, {**slot, "status": "busy"})
+        update(tools, appt)
+        update(tools, {**slot, "status": "busy"})
         return f"Booked the waitlisted appointment into the slot at {slot['start']}."
 
 
@@ -922,8 +858,8 @@ class RemoveFromWaitlist(Family):
         if not options:
             return None
         a = deal(view, options)  # by seed: no option is the gold of many seeds
-        assert a.patient is not None and a.doctor is not None
-        return {**_patient_params(w.patients[a.patient]), **_doctor_params(w.doctors[a.doctor]),
+        assert a.patient is not None and a.practitioner is not None
+        return {**_patient_params(w.patients[a.patient]), **_doctor_params(w.doctors[a.practitioner]),
                 "appointment_id": a.id}
 
     def prompt(self, params: dict) -> str:
@@ -933,21 +869,21 @@ class RemoveFromWaitlist(Family):
 
     def gold(self, view: View, params: dict) -> Gold:
         return Gold(expects=[Expect("update", "Appointment", id=params["appointment_id"], checks=(
-            eq("status", "cancelled"), _participants(None, None, False), _may_set("cancelationReason")))])
+            eq("status", "cancelled"), _participants(None, None, False), may_set("cancelationReason")))])
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         patient = _find_patient(tools, params)
         prac, _ = _find_doctor(tools, params)
         entry = _with(_patient_appointments(tools, patient, "waitlist", None), prac)[0]
-        appt = _read(tools, "Appointment", entry["id"])
+        appt = read(tools, "Appointment", entry["id"])
         appt["status"] = "cancelled"
-        _update(tools, appt)
+        update(tools, appt)
         return "Took the patient off the waitlist."
 
 
 # -- rescheduling ------------------------------------------------------------------------------------------
 
-def _movable(w: _World, now: datetime) -> list[_Appt]:
+def _movable(w: _World, now: datetime) -> list[Appointment]:
     """Upcoming routine bookings of promptable patients with promptable doctors, clear of now."""
     clear: dict[str, bool] = {}
     out = []
@@ -978,7 +914,7 @@ def _stage_booking(view: View, params: dict) -> list[dict]:
             "participant": [
                 {"actor": {"reference": f"Patient/{params['patient_id']}", "display": params["name"]},
                  "required": "required", "status": "accepted"},
-                {"type": [{"coding": [{"system": PARTICIPATION, "code": "PPRF",
+                {"type": [{"coding": [{"system": PARTICIPATION_TYPE, "code": "PPRF",
                                        "display": "primary performer"}]}],
                  "actor": {"reference": f"Practitioner/{doc['id']}", "display": doc["name"]},
                  "required": "required", "status": "accepted"}]}
@@ -999,10 +935,10 @@ class RescheduleNextMonday(Family):
     sequences = (("searchResources", "updateResource", "updateResource", "updateResource"),)
 
     @staticmethod
-    def _target(w: _World, schedule: str, start: str, now: datetime) -> _Slot | None:
+    def _target(w: _World, schedule: str, start: str, now: datetime) -> Slot | None:
         monday, _ = _next_monday(now)
-        at = _z(datetime.combine(monday, _dt(start).time(), tzinfo=UTC))
-        return next((s for s in w.at.get(at, []) if s.schedule == schedule), None)
+        moment = _z(datetime.combine(monday, _dt(start).time(), tzinfo=UTC))
+        return next((s for s in w.at.get(moment, []) if s.schedule == schedule), None)
 
     def _fits(self, w: _World, schedule: str, start: str, patient: str, now: datetime) -> bool:
         monday = _next_monday(now)[0].isoformat()
@@ -1013,13 +949,13 @@ class RescheduleNextMonday(Family):
     def sample(self, view: View, rng: random.Random) -> dict | None:
         w = _world(view)
         phrase = _next_monday(view.now)[1]
-        options = [a for a in _movable(w, view.now) if a.doctor and a.patient and a.start
-                   and self._fits(w, w.doctors[a.doctor]["schedule"], a.start, a.patient, view.now)]
+        options = [a for a in _movable(w, view.now) if a.practitioner and a.patient and a.start
+                   and self._fits(w, w.doctors[a.practitioner]["schedule"], a.start, a.patient, view.now)]
         if len(options) < 4:  # too few to vary the gold (the smallest worlds, late in the week)
             return self._staged(w, view, rng)
         a = deal(view, options)  # by seed: no option is the gold of many seeds
-        assert a.patient and a.doctor and a.start
-        return {**_patient_params(w.patients[a.patient]), **_doctor_params(w.doctors[a.doctor]),
+        assert a.patient and a.practitioner and a.start
+        return {**_patient_params(w.patients[a.patient]), **_doctor_params(w.doctors[a.practitioner]),
                 "appointment_id": a.id, "day": a.start[:10], "monday_phrase": phrase}
 
     def _staged(self, w: _World, view: View, rng: random.Random) -> dict | None:
@@ -1065,8 +1001,8 @@ class RescheduleNextMonday(Family):
         old = w.slot_by_id[old_id]
         new = self._target(w, params["doc_schedule"], old.start, view.now)
         assert new is not None and new.status == "free"
-        checks = (eq("status", "booked"), refs_exactly("slot", [f"Slot/{new.id}"]), _at("start", new.start),
-                  _at("end", new.end), _participants(None, None, False))
+        checks = (eq("status", "booked"), refs_exactly("slot", [f"Slot/{new.id}"]), at("start", new.start),
+                  at("end", new.end), _participants(None, None, False))
         return Gold(expects=[Expect("update", "Appointment", id=params["appointment_id"], checks=checks),
                              _slot_to(old.id, "free"), _slot_to(new.id, "busy")])
 
@@ -1075,14 +1011,14 @@ class RescheduleNextMonday(Family):
         prac, sched = _find_doctor(tools, params)
         entry = next(a for a in _with(_patient_appointments(tools, patient, "booked", now), prac)
                      if a["start"][:10] == params["day"])
-        appt = _read(tools, "Appointment", entry["id"])
+        appt = read(tools, "Appointment", entry["id"])
         monday, _ = _next_monday(now)
         new = _slot_at(tools, sched, _z(datetime.combine(monday, _dt(appt["start"]).time(), tzinfo=UTC)))
         old_id = _id(appt["slot"][0], "Slot") or ""
         appt.update(slot=[{"reference": f"Slot/{new['id']}"}], start=new["start"], end=new["end"])
-        _update(tools, appt)
-        _update(tools, {**_read(tools, "Slot", old_id), "status": "free"})
-        _update(tools, {**new, "status": "busy"})
+        update(tools, appt)
+        update(tools, {**read(tools, "Slot", old_id), "status": "free"})
+        update(tools, {**new, "status": "busy"})
         return f"Moved the appointment to {new['start']}."
 
 
@@ -1100,15 +1036,15 @@ class RescheduleOtherProvider(Family):
     sequences = (("searchResources", "updateResource", "updateResource", "updateResource"),)
 
     @staticmethod
-    def _alternatives(w: _World, slot: _Slot) -> list[_Slot]:
+    def _alternatives(w: _World, slot: Slot) -> list[Slot]:
         """Free slots (any kind) of other doctors of the slot's specialty at the same instant."""
         return [s for s in w.at.get(slot.start, []) if s.schedule != slot.schedule and s.status == "free"
                 and s.end == slot.end and w.sched_code[s.schedule] == w.sched_code[slot.schedule]]
 
-    def _options(self, view: View) -> list[_Slot]:
+    def _options(self, view: View) -> list[Slot]:
         """Free routine slots of the next two weeks beside exactly one free routine same-specialty slot: each
         can hold the staged booking (the world's own bookings with one alternative are too few to vary)."""
-        def compute() -> list[_Slot]:
+        def compute() -> list[Slot]:
             w = _world(view)
             lo, hi = _z(view.now + 2 * MARGIN), _z(view.now + timedelta(days=14))
             return [s for d in _usable_doctors(w) for s in _free(w, d["schedule"], lo) if s.start <= hi
@@ -1154,21 +1090,21 @@ class RescheduleOtherProvider(Family):
         prac, sched = _find_doctor(tools, params)
         entry = next(a for a in _with(_patient_appointments(tools, patient, "booked", now), prac)
                      if a["start"] == params["at"])
-        appt = _read(tools, "Appointment", entry["id"])
+        appt = read(tools, "Appointment", entry["id"])
         old_id = _id(appt["slot"][0], "Slot") or ""
         end = _z(_dt(params["at"]) + timedelta(minutes=1))
-        candidates = _search(tools, "Slot", {"specialty": appt["specialty"][0]["coding"][0]["code"],
+        candidates = search(tools, "Slot", {"specialty": appt["specialty"][0]["coding"][0]["code"],
                                              "status": "free", "start": [f"ge{params['at']}", f"lt{end}"]})
-        new = _read(tools, "Slot", next(s["id"] for s in candidates
+        new = read(tools, "Slot", next(s["id"] for s in candidates
                                         if _id(s["schedule"], "Schedule") != sched))
-        schedule = _read(tools, "Schedule", _id(new["schedule"], "Schedule") or "")
+        schedule = read(tools, "Schedule", _id(new["schedule"], "Schedule") or "")
         new_prac = next(i for a in schedule["actor"] if (i := _id(a, "Practitioner")))
         for p in appt["participant"]:
             if _id(p.get("actor"), "Practitioner") == prac:
                 p["actor"] = {"reference": f"Practitioner/{new_prac}"}
                 p["status"] = "accepted"
         appt["slot"] = [{"reference": f"Slot/{new['id']}"}]
-        _update(tools, appt)
-        _update(tools, {**_read(tools, "Slot", old_id), "status": "free"})
-        _update(tools, {**new, "status": "busy"})
+        update(tools, appt)
+        update(tools, {**read(tools, "Slot", old_id), "status": "free"})
+        update(tools, {**new, "status": "busy"})
         return f"Moved the appointment to Dr. (Practitioner/{new_prac}) at the same time."

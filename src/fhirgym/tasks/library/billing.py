@@ -12,28 +12,26 @@ import random
 from collections.abc import Callable
 from datetime import date, datetime, timedelta
 
+from ...spec.codes import ACT_CODE, COVERAGE_CLASS, IDENTIFIER_TYPE, ROLE_CODE, SUBSCRIBER_RELATIONSHIP
 from ...tools import Toolbox
 from ...world import EMPLOYERS, INSURERS
-from .._answer import NOT_FOUND, AnswerSpec, Field
-from .._expect import Check, Expect, coded, custom, eq, on_day, ref, ref_key, refs_exactly
-from .._family import Family, Gold, View, register
-from ._common import EitherWay, deal, full_name, human_date, living_patients, official_name, pick
-from .records import (
-    READ_ONLY,
-    ROLE_CODE,
+from .. import NOT_FOUND, AnswerSpec, Expect, Family, Field, Gold, View, answer_text, register
+from ..checks import Check, coded, custom, eq, on_day, phone_check, ref, ref_id, ref_key, refs_exactly
+from ..draw import EitherWay, deal, human_date, new_name, new_phone, pick, pronoun, random_birth
+from ..facts import (
+    accounts,
     all_patients,
-    find_patient,
-    new_name,
-    new_phone,
-    phone_check,
-    pronoun,
-    random_birth,
+    coverages,
+    full_name,
+    living_patients,
+    official_name,
+    organizations,
+    related_by_id,
+    related_persons,
     unique_patient,
 )
+from ..solve import find_patient
 
-ACT_CODE = "http://terminology.hl7.org/CodeSystem/v3-ActCode"
-SUBSCRIBER_REL = "http://terminology.hl7.org/CodeSystem/subscriber-relationship"
-COVERAGE_CLASS = "http://terminology.hl7.org/CodeSystem/coverage-class"
 #: v3-RoleCode relationship -> (word, gender)
 RELATION = {"MTH": ("mother", "female"), "FTH": ("father", "male"), "SPS": ("spouse", "")}
 PRIVATE = tuple(i for i in INSURERS if not i.public)
@@ -42,9 +40,6 @@ MEMBER_PREFIX = {"Aetna": "W", "Blue Cross Blue Shield": "XYZ", "UnitedHealthcar
 
 # -- cached world facts (base world only; gold re-reads the pre-run state) ------------------------------
 
-def _ref_id(value: object) -> str:
-    key = ref_key(value)
-    return key.split("/", 1)[1] if key else ""
 
 
 def _code(concept: object) -> str | None:
@@ -53,34 +48,13 @@ def _code(concept: object) -> str | None:
     return next((c.get("code") for c in (concept or {}).get("coding", [])), None) if isinstance(concept, dict) else None
 
 
-def billing_facts(view: View) -> dict[str, dict[str, list[dict]]]:
-    """The world's billing data, read once per world file (its gold is a pure function of it): Coverages
-    (``coverage``, by beneficiary id), Accounts (``account``, by subject id), RelatedPersons (``related``,
-    by patient id; ``related_id``, by their own id) and Organization names (``org``, by id)."""
-    def compute() -> dict[str, dict[str, list[dict]]]:
-        out: dict[str, dict[str, list[dict]]] = {"coverage": {}, "account": {}, "related": {}, "related_id": {},
-                                                 "org": {}}
-        for kind, rtype, element in (("coverage", "Coverage", "beneficiary"), ("account", "Account", "subject"),
-                                     ("related", "RelatedPerson", "patient")):
-            for res in view.search(rtype, {"_count": "1000"}):
-                target = res.get(element)
-                for pid in {_ref_id(t) for t in (target if isinstance(target, list) else [target])}:
-                    out[kind].setdefault(pid, []).append(res)
-                if rtype == "RelatedPerson":
-                    out["related_id"][res["id"]] = [res]
-        for org in view.search("Organization", {"_count": "1000", "_elements": "name"}):
-            out["org"][org["id"]] = [org]
-        return out
-    return view.cached("billing.facts", compute)
-
-
 def candidates(view: View, key: str, fits: Callable[[View, dict], bool]) -> list[dict]:
     """Living patients for which ``fits(view, patient)`` holds, cached per world under ``billing.<key>``."""
     return view.cached(f"billing.{key}", lambda: [p for p in living_patients(view) if fits(view, p)])
 
 
 def _uninsured(view: View, p: dict) -> bool:
-    return not _active(billing_facts(view)["coverage"].get(p["id"], []))
+    return not _active(coverages(view).get(p["id"], []))
 
 
 def _active(coverages: list[dict]) -> list[dict]:
@@ -93,7 +67,7 @@ def _age(birth: str, on: date) -> int:
 
 
 def _insurer_ids(view: View, name: str) -> list[str]:
-    return sorted(oid for oid, (org,) in billing_facts(view)["org"].items() if org.get("name") == name)
+    return sorted(oid for oid, org in organizations(view).items() if org.get("name") == name)
 
 
 def _patient_key(params: dict) -> str:
@@ -139,7 +113,6 @@ class AddCoverage(Family):
     sequences = (("searchResources", "createResource", "createResource"),)
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
-        facts = billing_facts(view)
         p = pick(rng, candidates(view, "uninsured", _uninsured))
         if p is None:
             return None
@@ -157,7 +130,7 @@ class AddCoverage(Family):
                                  date.fromisoformat(p["birthDate"]) + timedelta(days=6 * 365))
             family = official_name(p).get("family") if rng.random() < 0.6 else None
         birth = min(birth, view.anchor - timedelta(days=19 * 365))
-        if any(_code(r.get("relationship")) == rel_code for r in facts["related"].get(p["id"], [])):
+        if any(_code(r.get("relationship")) == rel_code for r in related_persons(view).get(p["id"], [])):
             return None
         name = new_name(view, rng, gender, family)
         if name is None:
@@ -190,10 +163,10 @@ class AddCoverage(Family):
         patient = f"Patient/{unique_patient(view, params['name'], params['birth_date'])['id']}"
         insurers = _insurer_ids(view, params["insurer"])
         assert insurers, params["insurer"]
-        existing = set(billing_facts(view)["related_id"])
+        existing = set(related_by_id(view))
         payor = ref("payor", f"Organization/{insurers[0]}") if len(insurers) == 1 else custom(
             "payor", f"payor → one of {insurers}",
-            lambda a, b: None if {_ref_id(x) for x in a.get("payor") or []} & set(insurers) else "wrong payor")
+            lambda a, b: None if {ref_id(x) for x in a.get("payor") or []} & set(insurers) else "wrong payor")
         return Gold(expects=[
             Expect("create", "RelatedPerson", checks=(
                 ref("patient", patient),
@@ -235,7 +208,7 @@ class AddCoverage(Family):
             "resourceType": "Coverage", "status": "active",
             "subscriber": {"reference": f"RelatedPerson/{created.get('id')}", "display": rp_name},
             "subscriberId": params["member"], "beneficiary": pref,
-            "relationship": {"coding": [{"system": SUBSCRIBER_REL, "code": params["relationship"]}]},
+            "relationship": {"coding": [{"system": SUBSCRIBER_RELATIONSHIP, "code": params["relationship"]}]},
             "period": {"start": params["start"]},
             "payor": [{"reference": f"Organization/{insurer['id']}", "display": params["insurer"]}],
             "class": [
@@ -261,23 +234,23 @@ def _coverage_prompt(params: dict) -> str:
 def _solve_coverage(tools: Toolbox, params: dict) -> str:
     patient = find_patient(tools, params["name"], params["birth_date"])
     if patient is None:
-        return '<answer>{"found": false}</answer>'
+        return answer_text(NOT_FOUND)
     out = tools.call("searchResources", {"resourceType": "Coverage", "params": {
         "beneficiary": f"Patient/{patient['id']}", "status": "active"}}).output or {}
     covs = sorted(out.get("resources", []), key=lambda c: c.get("order", 99))
     if not covs:
-        return '<answer>{"found": false}</answer>'
+        return answer_text(NOT_FOUND)
     payer = covs[0]["payor"][0].get("display")
     if not payer:
         org = tools.call("getResourceById", {"resourceType": "Organization",
-                                             "resourceId": _ref_id(covs[0]["payor"][0])}).output or {}
+                                             "resourceId": ref_id(covs[0]["payor"][0])}).output or {}
         payer = org.get("name")
-    return f'<answer>{{"payer": "{payer}", "member_id": "{covs[0].get("subscriberId")}"}}</answer>'
+    return answer_text({"payer": payer, "member_id": covs[0].get("subscriberId")})
 
 
 def _one_primary(view: View, p: dict) -> bool:
     """Exactly one active coverage is primary (order 1) and every other active one has an order."""
-    active = _active(billing_facts(view)["coverage"].get(p["id"], []))
+    active = _active(coverages(view).get(p["id"], []))
     primary = [c for c in active if c.get("order") == 1]
     return len(primary) == 1 and all(isinstance(c.get("order"), int) for c in active)
 
@@ -294,7 +267,6 @@ class FindCoverage(Family):
     writes = False
     resource_types = ("Patient", "Coverage")
     sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
     answer = COVERAGE_ANSWER
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -304,18 +276,18 @@ class FindCoverage(Family):
         if p is None:
             return None
         return {"patient_id": p["id"], "name": full_name(p), "birth_date": p["birthDate"], "gender": p.get("gender"),
-                "others": len(billing_facts(view)["coverage"][p["id"]]) - 1}
+                "others": len(coverages(view)[p["id"]]) - 1}
 
     def prompt(self, params: dict) -> str:
         return _coverage_prompt(params)
 
     def gold(self, view: View, params: dict) -> Gold:
         pid = unique_patient(view, params["name"], params["birth_date"])["id"]
-        active = _active(billing_facts(view)["coverage"].get(pid, []))
+        active = _active(coverages(view).get(pid, []))
         primary = [c for c in active if c.get("order") == 1]
         assert len(primary) == 1 and all(isinstance(c.get("order"), int) for c in active), params
         cov = primary[0]
-        org = billing_facts(view)["org"].get(_ref_id(cov["payor"][0]), [{}])[0]
+        org = organizations(view).get(ref_id(cov["payor"][0]), {})
         payers = sorted({x for x in (org.get("name"), cov["payor"][0].get("display")) if x})
         members = sorted({x for x in [cov.get("subscriberId"), *(i.get("value") for i in cov.get("identifier", []))]
                           if x})
@@ -336,7 +308,6 @@ class NoCoverage(EitherWay):
     writes = False
     resource_types = ("Patient", "Coverage")
     sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec(COVERAGE_ANSWER.fields, none_allowed=True)
     found = FindCoverage
 
@@ -358,10 +329,10 @@ class NoCoverage(EitherWay):
         pref = {"reference": f"Patient/{params['patient_id']}", "display": params["name"]}
         return [{
             "resourceType": "Coverage", "id": view.new_id("lapsed-coverage"), "status": "cancelled",
-            "identifier": [{"type": {"coding": [{"system": "http://terminology.hl7.org/CodeSystem/v2-0203",
+            "identifier": [{"type": {"coding": [{"system": IDENTIFIER_TYPE,
                                                  "code": "MB"}]}, "value": params["member"]}],
             "subscriber": pref, "subscriberId": params["member"], "beneficiary": pref,
-            "relationship": {"coding": [{"system": SUBSCRIBER_REL, "code": "self"}]},
+            "relationship": {"coding": [{"system": SUBSCRIBER_RELATIONSHIP, "code": "self"}]},
             "period": {"start": params["start"], "end": params["end"]},
             "payor": [{"reference": f"Organization/{_insurer_ids(view, params['insurer'])[0]}",
                        "display": params["insurer"]}],
@@ -374,8 +345,8 @@ class NoCoverage(EitherWay):
 
     def gold_none(self, view: View, params: dict) -> Gold:
         pid = unique_patient(view, params["name"], params["birth_date"])["id"]
-        added = [r for r in self.setup_none(view, params) if _ref_id(r.get("beneficiary")) == pid]
-        assert not _active(billing_facts(view)["coverage"].get(pid, []) + added), params
+        added = [r for r in self.setup_none(view, params) if ref_id(r.get("beneficiary")) == pid]
+        assert not _active(coverages(view).get(pid, []) + added), params
         return Gold(answer=NOT_FOUND)
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
@@ -398,7 +369,7 @@ class CreateRelatedPerson(Family):
         p = pick(rng, living_patients(view))
         adult = _age(p["birthDate"], view.anchor) >= 18
         rel_code = rng.choice(("MTH", "FTH", "SPS") if adult else ("MTH", "FTH"))
-        if any(_code(r.get("relationship")) == rel_code for r in billing_facts(view)["related"].get(p["id"], [])):
+        if any(_code(r.get("relationship")) == rel_code for r in related_persons(view).get(p["id"], [])):
             return None
         born = date.fromisoformat(p["birthDate"])
         if rel_code == "SPS":
@@ -461,8 +432,8 @@ def _account_request(params: dict) -> str:
 
 
 def _only_account(view: View, p: dict) -> dict | None:
-    accounts = billing_facts(view)["account"].get(p["id"], [])
-    return accounts[0] if len(accounts) == 1 else None
+    held = accounts(view).get(p["id"], [])
+    return held[0] if len(held) == 1 else None
 
 
 def _account_holders(view: View) -> list[dict]:
@@ -472,9 +443,9 @@ def _account_holders(view: View) -> list[dict]:
 
 def _gold_account(view: View, params: dict) -> dict:
     pid = unique_patient(view, params["name"], params["birth_date"])["id"]
-    accounts = billing_facts(view)["account"].get(pid, [])
-    assert len(accounts) == 1, f"{params}: {len(accounts)} accounts"
-    return accounts[0]
+    held = accounts(view).get(pid, [])
+    assert len(held) == 1, f"{params}: {len(held)} accounts"
+    return held[0]
 
 
 def _find_account(tools: Toolbox, params: dict) -> dict | None:
@@ -500,11 +471,10 @@ class CreateAccount(Family):
     sequences = (("searchResources", "createResource"),)
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
-        p = pick(rng, candidates(view, "no_account", lambda v, q: not billing_facts(v)["account"].get(q["id"])))
+        p = pick(rng, candidates(view, "no_account", lambda v, q: not accounts(v).get(q["id"])))
         if p is None:
             return None
-        facts = billing_facts(view)
-        active = sorted(_active(facts["coverage"].get(p["id"], [])), key=lambda c: (c.get("order", 99), c["id"]))
+        active = sorted(_active(coverages(view).get(p["id"], [])), key=lambda c: (c.get("order", 99), c["id"]))
         payers = [c["payor"][0].get("display") or "" for c in active]
         if not all(payers) or len(payers) > 2:
             return None
@@ -523,9 +493,8 @@ class CreateAccount(Family):
 
     def gold(self, view: View, params: dict) -> Gold:
         pid = unique_patient(view, params["name"], params["birth_date"])["id"]
-        facts = billing_facts(view)
-        assert not facts["account"].get(pid), params
-        active = _active(facts["coverage"].get(pid, []))
+        assert not accounts(view).get(pid), params
+        active = _active(coverages(view).get(pid, []))
         assert len(active) == len(params["payers"]), params
         checks = [ref("subject", f"Patient/{pid}"), eq("status", "active"), eq("name", _account_name(params)),
                   coded("type", ACT_CODE, "PBILLACCT"), on_day("servicePeriod.start", view.now.date().isoformat())]
@@ -563,7 +532,6 @@ class ExistingAccount(Family):
     writes = False
     resource_types = ("Patient", "Account")
     sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("account_id", "id", "the id of the patient's billing account"),))
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -581,7 +549,7 @@ class ExistingAccount(Family):
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         account = _find_account(tools, params)
-        return f'<answer>{{"account_id": "{account["id"]}"}}</answer>' if account else "No account found."
+        return answer_text({"account_id": account["id"]}) if account else "No account found."
 
 
 # -- guarantors -----------------------------------------------------------------------------------------
@@ -617,7 +585,7 @@ class SetGuarantor(Family):
         code = "SPS" if (view.now.date() - born).days > 26 * 365 else rng.choice(("MTH", "FTH"))
         gender = RELATION[code][1] or {"male": "female", "female": "male"}.get(p.get("gender", ""), "female")
         family = official_name(p).get("family", "")
-        taken = {_rp_name(r) for r in billing_facts(view)["related"].get(p["id"], [])}
+        taken = {_rp_name(r) for r in related_persons(view).get(p["id"], [])}
         givens = sorted({g for q in living_patients(view) if q.get("gender") == gender
                          for g in (official_name(q).get("given") or [])[:1]})
         names = [n for g in givens if (n := f"{g} {family}") not in taken]
@@ -681,11 +649,11 @@ def _solve_guarantor(tools: Toolbox, params: dict) -> str:
     account = _find_account(tools, params)
     parties = [g["party"] for g in (account or {}).get("guarantor", []) if g.get("party")]
     if not parties:
-        return '<answer>{"found": false}</answer>'
+        return answer_text(NOT_FOUND)
     key = ref_key(parties[0]) or ""
     rtype, rid = key.split("/", 1)
     party = tools.call("getResourceById", {"resourceType": rtype, "resourceId": rid}).output or {}
-    return f'<answer>{{"guarantor": "{full_name(party)}"}}</answer>'
+    return answer_text({"guarantor": full_name(party)})
 
 
 @register
@@ -699,7 +667,6 @@ class FindGuarantor(Family):
     writes = False
     resource_types = ("Patient", "Account")
     sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
     answer = GUARANTOR_ANSWER
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -721,7 +688,7 @@ class FindGuarantor(Family):
         party_ref = guarantors[0]["party"]
         key = ref_key(party_ref) or ""
         rtype, rid = key.split("/", 1)
-        party = (billing_facts(view)["related_id"].get(rid, [{}])[0] if rtype == "RelatedPerson"
+        party = (related_by_id(view).get(rid, {}) if rtype == "RelatedPerson"
                  else next((p for p in all_patients(view) if p["id"] == rid), {}))
         names = {full_name(party), party_ref.get("display")}
         for n in party.get("name") or []:
@@ -747,7 +714,6 @@ class NoGuarantor(EitherWay):
     writes = False
     resource_types = ("Patient", "Account")
     sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec(GUARANTOR_ANSWER.fields, none_allowed=True)
     found = FindGuarantor
 
@@ -756,7 +722,7 @@ class NoGuarantor(EitherWay):
         if p is None:
             return None
         account = _only_account(view, p)
-        relatives = len(billing_facts(view)["related"].get(p["id"], []))
+        relatives = len(related_persons(view).get(p["id"], []))
         if account is None or account.get("guarantor") or (not relatives and rng.random() < 0.5):
             return None  # (mostly) a patient with a relative on file who is not the guarantor
         return {"patient_id": p["id"], "name": full_name(p), "birth_date": p["birthDate"], "gender": p.get("gender"),

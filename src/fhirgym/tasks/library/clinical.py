@@ -30,33 +30,38 @@ import random
 from collections import defaultdict
 from datetime import UTC, date, datetime, timedelta
 
-import orjson
-
-from ...fhir import FhirServer, InProcessClient
-from ...tools import Toolbox
-from .._answer import NOT_FOUND, AnswerSpec, Field
-from .._expect import Check, Expect, coded, custom, eq, instant, on_day, ref, values
-from .._family import Family, Gold, View, register
-from ._common import (
+from ...spec.codes import (
+    ACT_SITE,
+    ALLERGY_CLINICAL,
+    ALLERGY_VERIFICATION,
+    CVX,
     LOINC,
+    MRN,
+    OBSERVATION_CATEGORY,
     RXNORM,
     SNOMED,
     UCUM,
-    deal,
-    deal_by_gold,
-    human_date,
-    negative_seed,
-    official_name,
-    pick,
 )
+from ...tools import Toolbox
+from .. import NOT_FOUND, AnswerSpec, Expect, Family, Field, Gold, View, answer_text, register
+from ..checks import (
+    Check,
+    coded,
+    custom,
+    eq,
+    instant,
+    may_set,
+    note_has,
+    number_near,
+    on_day,
+    ref,
+    ref_id,
+    unit_is,
+)
+from ..draw import Branched, deal, deal_by_gold, human_date, negative_seed, pick
+from ..facts import moment, official_name, patients, results
+from ..solve import create, search_all
 
-READ_ONLY = ("createResource", "updateResource", "deleteResource")
-MRN_SYSTEM = "http://hospital.smarthealthit.org"
-OBS_CATEGORY = "http://terminology.hl7.org/CodeSystem/observation-category"
-ALLERGY_CLINICAL = "http://terminology.hl7.org/CodeSystem/allergyintolerance-clinical"
-ALLERGY_VERIFICATION = "http://terminology.hl7.org/CodeSystem/allergyintolerance-verification"
-CVX = "http://hl7.org/fhir/sid/cvx"
-ACT_SITE = "http://terminology.hl7.org/CodeSystem/v3-ActSite"
 VALID = ("final", "amended", "corrected")
 IV_ROUTE = ("47625008", "Intravenous route")
 ORAL_ROUTE = ("26643006", "Oral route")
@@ -82,26 +87,15 @@ GLUCOSE = ("2339-0", "2345-7")
 # ------------------------------------------------------------------------------------------------
 # small helpers
 # ------------------------------------------------------------------------------------------------
-def _ts(value: str) -> datetime:
-    moment = datetime.fromisoformat(value.replace("Z", "+00:00")) if "T" in value else \
-        datetime.combine(date.fromisoformat(value[:10]), datetime.min.time())
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
 def _iso(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _reply(**fields: object) -> str:
-    return "<answer>" + orjson.dumps(fields).decode() + "</answer>"
 
 
-NONE_REPLY = '<answer>{"found": false}</answer>'
 
-
-def _ref_id(reference: dict | None) -> str | None:
-    value = (reference or {}).get("reference", "")
-    return value.split("/", 1)[1] if value.startswith(("Patient/", "Medication/")) else None
 
 
 def _rx(concept: dict | None) -> dict | None:
@@ -111,36 +105,18 @@ def _rx(concept: dict | None) -> dict | None:
 # ------------------------------------------------------------------------------------------------
 # cached base-world facts (keys prefixed clin_)
 # ------------------------------------------------------------------------------------------------
-def _base_search(view: View, rtype: str, params: dict) -> list[dict]:
-    """A search of the world as built (never an instance's setup layer): what the shared caches hold."""
-    store = view.world.snapshot.open()
-    try:
-        client = InProcessClient(FhirServer(store, view.world.spec))
-        resp, out = client.search(rtype, params), []
-        while True:
-            if resp.status != 200 or not resp.body:
-                raise RuntimeError(f"base search {rtype}?{params} failed: {resp.status} {resp.body}")
-            out += [e["resource"] for e in resp.body.get("entry", [])
-                    if e.get("search", {}).get("mode") != "include"]
-            nxt = next((lk["url"] for lk in resp.body.get("link", []) if lk.get("relation") == "next"), None)
-            if not nxt:
-                return out
-            resp = client.follow(nxt)
-    finally:
-        store.close()
 
 
 def _people(view: View) -> list[dict]:
     """Living patients with an active record, a name, a birth date and an MRN (name+birth date unique)."""
     def compute() -> list[dict]:
         found = []
-        query = {"_count": "1000", "_elements": "name,birthDate,deceased,identifier,active"}
-        for p in _base_search(view, "Patient", query):
+        for p in patients(view):
             if p.get("active") is False or "deceasedDateTime" in p or p.get("deceasedBoolean"):
                 continue
             name = official_name(p)
             given, family = ((name.get("given") or [""])[0], name.get("family", ""))
-            mrn = next((i.get("value") for i in p.get("identifier", []) if i.get("system") == MRN_SYSTEM),
+            mrn = next((i.get("value") for i in p.get("identifier", []) if i.get("system") == MRN),
                        None)
             if p.get("birthDate") and given and family and mrn:
                 found.append({"pid": p["id"], "given": given, "family": family, "birth": p["birthDate"][:10],
@@ -163,9 +139,9 @@ def _all_mrns(view: View) -> dict[str, list[str]]:
     """MRN -> ids of every patient (living or not) with that MRN."""
     def compute() -> dict[str, list[str]]:
         out: dict[str, list[str]] = defaultdict(list)
-        for p in _base_search(view, "Patient", {"_count": "1000", "_elements": "identifier"}):
+        for p in patients(view):
             for i in p.get("identifier", []):
-                if i.get("system") == MRN_SYSTEM and i.get("value"):
+                if i.get("system") == MRN and i.get("value"):
                     out[i["value"]].append(p["id"])
         return dict(out)
     return view.cached("clin_mrns", compute)
@@ -176,29 +152,8 @@ def _age(birth: str, day: date) -> int:
     return day.year - born.year - ((day.month, day.day) < (born.month, born.day))
 
 
-def _obs_index(view: View, codes: tuple[str, ...]) -> dict[str, list[tuple]]:
-    """Patient id -> sorted [(effective, status, value, code, id)] of the world's results with these codes."""
-    def compute() -> dict[str, list[tuple]]:
-        out: dict[str, list[tuple]] = defaultdict(list)
-        query = {"code": ",".join(f"{LOINC}|{c}" for c in codes), "_count": "1000",
-                 "_elements": "subject,effectiveDateTime,status,valueQuantity,code"}
-        for o in _base_search(view, "Observation", query):
-            pid = _ref_id(o.get("subject"))
-            when = o.get("effectiveDateTime")
-            if not pid or not when:
-                continue
-            code = next((c.get("code") for c in o.get("code", {}).get("coding", [])
-                         if c.get("code") in codes), None)
-            value = (o.get("valueQuantity") or {}).get("value")
-            out[pid].append((_ts(when), o.get("status"), value, code, o["id"]))
-        for rows in out.values():
-            rows.sort(key=lambda r: (r[0], r[4]))
-        return dict(out)
-    return view.cached("clin_obs_" + "_".join(codes), compute)
-
-
 def _world_results(view: View, pid: str, codes: tuple[str, ...]) -> list[tuple]:
-    return _obs_index(view, codes).get(pid, [])
+    return results(view, codes).get(pid, [])
 
 
 def _quiet_since(view: View, pid: str, codes: tuple[str, ...], since: datetime) -> bool:
@@ -209,7 +164,7 @@ def _quiet_since(view: View, pid: str, codes: tuple[str, ...], since: datetime) 
 def _medications(view: View) -> dict[str, dict]:
     """Medication id -> its RxNorm coding."""
     def compute() -> dict[str, dict]:
-        return {m["id"]: rx for m in _base_search(view, "Medication", {"_count": "1000", "_elements": "code"})
+        return {m["id"]: rx for m in view.search("Medication", {"_count": "1000", "_elements": "code"})
                 if (rx := _rx(m.get("code")))}
     return view.cached("clin_medications", compute)
 
@@ -222,10 +177,10 @@ def _med_requests(view: View) -> dict[str, list[dict]]:
         out: dict[str, list[dict]] = defaultdict(list)
         query = {"_count": "1000",
                  "_elements": "subject,status,medicationCodeableConcept,medicationReference,authoredOn"}
-        for m in _base_search(view, "MedicationRequest", query):
-            pid = _ref_id(m.get("subject"))
+        for m in view.search("MedicationRequest", query):
+            pid = ref_id(m.get("subject"), "Patient") or None
             rx = _rx(m.get("medicationCodeableConcept")) or meds.get(
-                _ref_id(m.get("medicationReference")) or "")
+                ref_id(m.get("medicationReference"), "Medication"))
             if pid and rx:
                 out[pid].append({"id": m["id"], "status": m.get("status"), "code": rx["code"],
                                  "display": rx.get("display", ""), "authored": m.get("authoredOn", "")})
@@ -238,12 +193,12 @@ def _visits(view: View) -> dict[str, list[tuple]]:
     def compute() -> dict[str, list[tuple]]:
         out: dict[str, list[tuple]] = defaultdict(list)
         query = {"class": "AMB", "_count": "1000", "_elements": "subject,period,type"}
-        for e in _base_search(view, "Encounter", query):
-            pid, start = _ref_id(e.get("subject")), (e.get("period") or {}).get("start")
+        for e in view.search("Encounter", query):
+            pid, start = ref_id(e.get("subject"), "Patient") or None, (e.get("period") or {}).get("start")
             coding = next((c for t in e.get("type", []) for c in t.get("coding", [])
                            if c.get("system") == SNOMED), None)
             if pid and start and coding:
-                out[pid].append((_ts(start), coding["code"], coding.get("display", "")))
+                out[pid].append((moment(start), coding["code"], coding.get("display", "")))
         for rows in out.values():
             rows.sort()
         return dict(out)
@@ -253,8 +208,8 @@ def _visits(view: View) -> dict[str, list[tuple]]:
 def _allergy_codes(view: View) -> dict[str, set[str]]:
     def compute() -> dict[str, set[str]]:
         out: dict[str, set[str]] = defaultdict(set)
-        for a in _base_search(view, "AllergyIntolerance", {"_count": "1000", "_elements": "patient,code"}):
-            pid = _ref_id(a.get("patient"))
+        for a in view.search("AllergyIntolerance", {"_count": "1000", "_elements": "patient,code"}):
+            pid = ref_id(a.get("patient"), "Patient") or None
             if pid:
                 out[pid] |= {c.get("code") for c in a.get("code", {}).get("coding", [])}
         return dict(out)
@@ -274,25 +229,15 @@ def _who(params: dict) -> str:
     return f"{params['given']} {params['family']} (born {human_date(params['birth'])})"
 
 
-def _search(tools: Toolbox, rtype: str, params: dict, all_pages: bool = True) -> list[dict]:
-    """The reference's searches: page by page (each page must fit the tool's output budget)."""
-    out = tools.call("searchResources", {"resourceType": rtype, "params": params}).output
-    found = list(out.get("resources", []))
-    while True:
-        assert not out.get("omitted"), f"reference search {rtype}?{params} overflows the output budget"
-        if not (all_pages and out.get("next_page_url")):
-            return found
-        out = tools.call("searchResources", {"resourceType": rtype, "page_url": out["next_page_url"]}).output
-        found += out.get("resources", [])
 
 
 def _locate(tools: Toolbox, params: dict) -> str:
     """The reference's patient lookup: by MRN, or by family name and birth date then the given name."""
     if params["by_mrn"]:
-        hits = _search(tools, "Patient", {"identifier": params["mrn"]})
+        hits = search_all(tools, "Patient", {"identifier": params["mrn"]})
         hits = [p for p in hits if any(i.get("value") == params["mrn"] for i in p.get("identifier", []))]
     else:
-        hits = _search(tools, "Patient", {"family": params["family"], "birthdate": params["birth"]})
+        hits = search_all(tools, "Patient", {"family": params["family"], "birthdate": params["birth"]})
         hits = [p for p in hits if (official_name(p).get("given") or [""])[0] == params["given"]]
     assert len(hits) == 1, f"reference found {len(hits)} patients for {params}"
     return hits[0]["id"]
@@ -306,7 +251,7 @@ def _results(tools: Toolbox, pid: str, code: str, since: datetime | None = None,
              "_count": "15", "_elements": "status,effectiveDateTime,valueQuantity,code"}
     if since is not None:
         query["date"] = f"ge{_iso(since)}"
-    return [o for o in _search(tools, "Observation", query, all_pages=not newest) if o.get("status") in VALID]
+    return [o for o in search_all(tools, "Observation", query, all_pages=not newest) if o.get("status") in VALID]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -316,7 +261,7 @@ def _observation(rid: str, pid: str, code: str, display: str, value: float, unit
                  status: str = "final", category: str = "laboratory") -> dict:
     label = "Vital Signs" if category == "vital-signs" else "Laboratory"
     obs = {"resourceType": "Observation", "id": rid, "status": status,
-           "category": [{"coding": [{"system": OBS_CATEGORY, "code": category, "display": label}]}],
+           "category": [{"coding": [{"system": OBSERVATION_CATEGORY, "code": category, "display": label}]}],
            "code": {"coding": [{"system": LOINC, "code": code, "display": display}], "text": display},
            "subject": {"reference": f"Patient/{pid}"}, "effectiveDateTime": _iso(when),
            "valueQuantity": {"value": value, "unit": unit, "system": UCUM, "code": unit}}
@@ -337,14 +282,14 @@ def _shadow(view: View, rng: random.Random, pid: str, codes: tuple[str, ...]) ->
     """An entered-in-error copy (a decimal slip) to chart minutes after the patient's latest valid result of
     these codes, the trap a plain newest-first search falls into; None when the chart already holds one
     or the latest result is too close to now."""
-    rows = [r for r in _world_results(view, pid, codes) if r[0] <= view.now]
-    valid = [r for r in rows if r[1] in VALID and r[2] is not None]
-    if not valid or any(r[1] == "entered-in-error" and r[0] > valid[-1][0] for r in rows):
+    rows = [r for r in results(view, codes).get(pid, []) if r.at <= view.now]
+    valid = [r for r in rows if r.status in VALID and r.value is not None]
+    if not valid or any(r.status == "entered-in-error" and r.at > valid[-1].at for r in rows):
         return None
     latest, minutes = valid[-1], rng.randint(3, 40)
-    if latest[0] + timedelta(minutes=minutes) > view.now:
+    if latest.at + timedelta(minutes=minutes) > view.now:
         return None
-    return {"of": latest[4], "id": view.new_id("shadow"), "minutes": minutes, "value": _slip(rng, latest[2])}
+    return {"of": latest.id, "id": view.new_id("shadow"), "minutes": minutes, "value": _slip(rng, latest.value)}
 
 
 def _shadow_resources(view: View, shadow: dict | None) -> list[dict]:
@@ -355,7 +300,7 @@ def _shadow_resources(view: View, shadow: dict | None) -> list[dict]:
     assert real is not None
     wrong = {k: v for k, v in copy.deepcopy(real).items() if k not in ("meta", "interpretation", "referenceRange")}
     wrong.update(id=shadow["id"], status="entered-in-error",
-                 effectiveDateTime=_iso(_ts(real["effectiveDateTime"]) + timedelta(minutes=shadow["minutes"])),
+                 effectiveDateTime=_iso(moment(real["effectiveDateTime"]) + timedelta(minutes=shadow["minutes"])),
                  note=[{"text": "Value keyed in with a misplaced decimal point; entered in error."}])
     wrong["valueQuantity"]["value"] = shadow["value"]
     return [wrong]
@@ -402,56 +347,28 @@ def _slip(rng: random.Random, value: float, up: bool | None = None) -> float:
 # ------------------------------------------------------------------------------------------------
 # checks shared by the writing families
 # ------------------------------------------------------------------------------------------------
-def _unit_is(path: str, unit: str) -> Check:
-    """The Quantity at ``path`` has this UCUM unit (its code or its unit text, case-insensitive)."""
-    def fn(after: dict, before: dict | None) -> str | None:
-        for q in values(after, path):
-            if isinstance(q, dict) and unit.lower() in (str(q.get("code", "")).lower(),
-                                                        str(q.get("unit", "")).lower()):
-                return None
-        return f"{path} has no quantity in {unit}: {values(after, path) or 'missing'}"
-    return custom(path, f"{path} in {unit}", fn)
 
 
-def _number_near(path: str, expected: float, tolerance: float) -> Check:
-    def fn(after: dict, before: dict | None) -> str | None:
-        got = [v for v in values(after, path) if isinstance(v, int | float) and not isinstance(v, bool)]
-        return None if any(abs(v - expected) <= tolerance for v in got) else \
-            f"{path} is {got or 'missing'}, expected {expected:g} ± {tolerance:g}"
-    return custom(path, f"{path} ≈ {expected:g}", fn)
 
 
-def _note_has(path: str, text: str) -> Check:
-    """Free text at ``path`` contains ``text`` (case and white space ignored)."""
-    want = " ".join(text.lower().split()).rstrip(".")
-
-    def fn(after: dict, before: dict | None) -> str | None:
-        got = " ".join(" ".join(str(v) for v in values(after, path)).lower().split())
-        return None if want in got else f"{path} does not contain {text!r}"
-    return custom(path, f"{path} contains the stated note", fn)
 
 
-def _may_change(path: str) -> Check:
-    """Lets an update also set ``path`` (e.g. a reason) without counting it as a change the task forbids."""
-    return Check(path, f"{path} may be set", lambda after, before: None, light=False)
 
 
 def _vital_checks(pid: str, code: str, now: datetime) -> tuple[Check, ...]:
     return (ref("subject", f"Patient/{pid}"), eq("status", "final"),
-            coded("category", OBS_CATEGORY, "vital-signs"), coded("code", LOINC, code),
+            coded("category", OBSERVATION_CATEGORY, "vital-signs"), coded("code", LOINC, code),
             instant("effectiveDateTime", _iso(now), tolerance_s=300))
 
 
 def _new_vital(pid: str, code: str, display: str, now: datetime) -> dict:
     return {"resourceType": "Observation", "status": "final",
-            "category": [{"coding": [{"system": OBS_CATEGORY, "code": "vital-signs",
+            "category": [{"coding": [{"system": OBSERVATION_CATEGORY, "code": "vital-signs",
                                       "display": "Vital Signs"}]}],
             "code": {"coding": [{"system": LOINC, "code": code, "display": display}]},
             "subject": {"reference": f"Patient/{pid}"}, "effectiveDateTime": _iso(now)}
 
 
-def _create(tools: Toolbox, body: dict) -> None:
-    tools.call("createResource", {"resourceType": body["resourceType"], "body": body})
 
 
 def _medication_request(pid: str, rx: tuple[str, str], dose: float, unit: str, route: tuple[str, str],
@@ -491,7 +408,6 @@ class PatientByMrn(_Clinical):
     writes = False
     resource_types = ("Patient",)
     sequences = (("searchResources",),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("patient_id", "id", "the Patient resource id"),), none_allowed=True)
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -512,9 +428,9 @@ class PatientByMrn(_Clinical):
         return Gold(answer={"patient_id": hits[0]} if hits else NOT_FOUND)
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
-        hits = [p for p in _search(tools, "Patient", {"identifier": params["mrn"]})
+        hits = [p for p in search_all(tools, "Patient", {"identifier": params["mrn"]})
                 if any(i.get("value") == params["mrn"] for i in p.get("identifier", []))]
-        return _reply(patient_id=hits[0]["id"]) if hits else NONE_REPLY
+        return answer_text({"patient_id": hits[0]["id"]}) if hits else answer_text(NOT_FOUND)
 
 
 @register
@@ -527,7 +443,6 @@ class PatientMrn(_Clinical):
     writes = False
     resource_types = ("Patient",)
     sequences = (("searchResources",),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("mrn", "text", "the medical record number"),))
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -543,8 +458,8 @@ class PatientMrn(_Clinical):
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
         patient = tools.call("getResourceById", {"resourceType": "Patient", "resourceId": pid}).output
-        mrn = next(i["value"] for i in patient.get("identifier", []) if i.get("system") == MRN_SYSTEM)
-        return _reply(mrn=mrn)
+        mrn = next(i["value"] for i in patient.get("identifier", []) if i.get("system") == MRN)
+        return answer_text({"mrn": mrn})
 
 
 @register
@@ -557,7 +472,6 @@ class PatientAge(_Clinical):
     writes = False
     resource_types = ("Patient",)
     sequences = (("searchResources",),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("age", "int", "age in completed years today"),))
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -573,7 +487,7 @@ class PatientAge(_Clinical):
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
         patient = tools.call("getResourceById", {"resourceType": "Patient", "resourceId": pid}).output
-        return _reply(age=_age(patient["birthDate"], now.date()))
+        return answer_text({"age": _age(patient["birthDate"], now.date())})
 
 
 @register
@@ -586,7 +500,6 @@ class LabLast24h(_Clinical):
     writes = False
     resource_types = ("Patient", "Observation")
     sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("value", "number", "the result in the unit the lab reports"),),
                         none_allowed=True)
     CODES = ("19123-9", "2823-3", "2951-2", "2160-0", "718-7")
@@ -630,8 +543,8 @@ class LabLast24h(_Clinical):
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
         found = [o for o in _results(tools, pid, params["code"], since=now - timedelta(hours=24))
-                 if _ts(o["effectiveDateTime"]) <= now]
-        return _reply(value=found[0]["valueQuantity"]["value"]) if found else NONE_REPLY
+                 if moment(o["effectiveDateTime"]) <= now]
+        return answer_text({"value": found[0]["valueQuantity"]["value"]}) if found else answer_text(NOT_FOUND)
 
 
 @register
@@ -645,7 +558,6 @@ class LabMean(_Clinical):
     writes = False
     resource_types = ("Patient", "Observation")
     sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("mean", "number", "the average, rounded to one decimal", tolerance=0.06),))
     CODES = ("2345-7", "2823-3", "2951-2", "2160-0", "718-7")
 
@@ -685,55 +597,51 @@ class LabMean(_Clinical):
         query = {"patient": pid, "code": f"{LOINC}|{params['code']}",
                  "date": [f"ge{params['first']}", f"lt{end}"],
                  "_count": "15", "_elements": "status,effectiveDateTime,valueQuantity"}
-        found = [o["valueQuantity"]["value"] for o in _search(tools, "Observation", query)
+        found = [o["valueQuantity"]["value"] for o in search_all(tools, "Observation", query)
                  if o["status"] in VALID]
-        return _reply(mean=round(sum(found) / len(found), 1))
+        return answer_text({"mean": round(sum(found) / len(found), 1)})
 
 
 @register
 class LatestGlucose(_Clinical):
     """Two glucose codes (blood, serum) to merge, and an entered-in-error copy (world or setup) just after the
-    real latest."""
+    real latest. Always a patient with a result: "none on file" is last_hba1c's branch (each family offering
+    it adds its negative seeds to what a blind "nothing found" reply scores)."""
 
     id = "clinical.latest_glucose"
-    title = "Most recent glucose value and when it was taken (or none on file)"
+    title = "Most recent glucose value and when it was taken"
     difficulty = 2
     writes = False
     resource_types = ("Patient", "Observation")
     sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("value", "number", "the glucose in mg/dL"),
-                         Field("taken", "datetime", "when it was taken")), none_allowed=True)
+                         Field("taken", "datetime", "when it was taken")))
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
-        none = negative_seed(view)  # patients without a result make the "none on file" branch
-        person = pick(rng, [p for p in _people(view) if self._untested(view, p) == none])
+        tested = view.cached("clin_glucose_tested", lambda: [p for p in _people(view) if any(
+            r.status in VALID and r.value is not None for r in _world_results(view, p["pid"], GLUCOSE))])
+        person = deal(view, tested)  # by seed: no patient is the gold of many seeds
         if person is None:
             return None
         rows = _world_results(view, person["pid"], GLUCOSE)
         if not _quiet_since(view, person["pid"], GLUCOSE, view.now - timedelta(hours=2)):
             return None
-        valid = [r for r in rows if r[1] in VALID and r[2] is not None]
-        if len(valid) > 1 and valid[-1][0] == valid[-2][0]:
+        valid = [r for r in rows if r[1] in VALID and r[2] is not None and r[0] <= view.now]
+        if not valid or (len(valid) > 1 and valid[-1][0] == valid[-2][0]):
             return None
-        shadow = None if none else _shadow(view, rng, person["pid"], GLUCOSE)
-        return {**_patient_params(person, rng), "shadow": shadow}
+        return {**_patient_params(person, rng), "shadow": _shadow(view, rng, person["pid"], GLUCOSE)}
 
     def setup(self, view: View, params: dict) -> list[dict]:
         return _shadow_resources(view, params["shadow"])
-
-    @staticmethod
-    def _untested(view: View, person: dict) -> bool:
-        return not any(r[1] in VALID and r[2] is not None for r in _world_results(view, person["pid"], GLUCOSE))
 
     def prompt(self, params: dict) -> str:
         return (f"What was the most recent glucose result (LOINC 2339-0 or 2345-7) of {_who(params)}, "
                 "and when was it taken?")
 
     def gold(self, view: View, params: dict) -> Gold:
-        rows = [r[:3] for r in _world_results(view, params["pid"], GLUCOSE)]
-        latest = _latest_valid(rows, view.now)
-        return Gold(answer={"value": latest[2], "taken": latest[0]} if latest else NOT_FOUND)
+        latest = _latest_valid([r[:3] for r in _world_results(view, params["pid"], GLUCOSE)], view.now)
+        assert latest is not None, params
+        return Gold(answer={"value": latest[2], "taken": latest[0]})
 
     def distractor_probe(self, view: View, params: dict) -> bool | None:
         return _voided_first(view, params["pid"], GLUCOSE)
@@ -741,10 +649,10 @@ class LatestGlucose(_Clinical):
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
         found = [o for o in _results(tools, pid, ",".join(GLUCOSE), newest=True)
-                 if _ts(o["effectiveDateTime"]) <= now]
+                 if moment(o["effectiveDateTime"]) <= now]
         if not found:
-            return NONE_REPLY
-        return _reply(value=found[0]["valueQuantity"]["value"], taken=found[0]["effectiveDateTime"])
+            return answer_text(NOT_FOUND)
+        return answer_text({"value": found[0]["valueQuantity"]["value"], "taken": found[0]["effectiveDateTime"]})
 
 
 @register
@@ -758,7 +666,6 @@ class LastHba1c(_Clinical):
     writes = False
     resource_types = ("Patient", "Observation")
     sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("value", "number", "the HbA1c in %"),
                          Field("date", "date", "the day it was taken")), none_allowed=True)
 
@@ -801,10 +708,10 @@ class LastHba1c(_Clinical):
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
-        found = [o for o in _results(tools, pid, "4548-4", newest=True) if _ts(o["effectiveDateTime"]) <= now]
+        found = [o for o in _results(tools, pid, "4548-4", newest=True) if moment(o["effectiveDateTime"]) <= now]
         if not found:
-            return NONE_REPLY
-        return _reply(value=found[0]["valueQuantity"]["value"], date=found[0]["effectiveDateTime"][:10])
+            return answer_text(NOT_FOUND)
+        return answer_text({"value": found[0]["valueQuantity"]["value"], "date": found[0]["effectiveDateTime"][:10]})
 
 
 @register
@@ -818,14 +725,13 @@ class ActiveMedicationCount(_Clinical):
     writes = False
     resource_types = ("Patient", "MedicationRequest")
     sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("count", "int", "how many distinct drugs (RxNorm codes)"),))
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         candidates = []  # (count, person): the counts are dealt by seed, so no count is the gold of many seeds
         for person in _people(view):
             requests = _med_requests(view).get(person["pid"], [])
-            if not any(_ts(r["authored"]) > view.now - timedelta(days=1) for r in requests if r["authored"]):
+            if not any(moment(r["authored"]) > view.now - timedelta(days=1) for r in requests if r["authored"]):
                 candidates.append((len({r["code"] for r in requests if r["status"] == "active"}), person))
         person = deal_by_gold(view, rng, candidates)
         return None if person is None else _patient_params(person, rng)
@@ -840,7 +746,7 @@ class ActiveMedicationCount(_Clinical):
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
-        orders = _search(tools, "MedicationRequest", {"patient": pid, "status": "active", "_count": "15",
+        orders = search_all(tools, "MedicationRequest", {"patient": pid, "status": "active", "_count": "15",
                                                       "_elements": DRUG_ELEMENTS})
         codes = set()
         for o in orders:
@@ -852,7 +758,7 @@ class ActiveMedicationCount(_Clinical):
                 rx = _rx(med.get("code"))
             if rx:
                 codes.add(rx["code"])
-        return _reply(count=len(codes))
+        return answer_text({"count": len(codes)})
 
 
 @register
@@ -865,7 +771,6 @@ class LastOutpatientVisit(_Clinical):
     writes = False
     resource_types = ("Patient", "Encounter")
     sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("date", "date", "the day the visit started"),
                          Field("type_code", "text", "the SNOMED CT code of the visit type")))
 
@@ -889,11 +794,11 @@ class LastOutpatientVisit(_Clinical):
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
         query = {"patient": pid, "class": "AMB", "_sort": "-date", "_count": "5"}
-        found = [e for e in _search(tools, "Encounter", query, all_pages=False)
-                 if _ts(e["period"]["start"]) <= now]
+        found = [e for e in search_all(tools, "Encounter", query, all_pages=False)
+                 if moment(e["period"]["start"]) <= now]
         first = found[0]
         code = next(c["code"] for t in first["type"] for c in t["coding"] if c.get("system") == SNOMED)
-        return _reply(date=first["period"]["start"][:10], type_code=code)
+        return answer_text({"date": first["period"]["start"][:10], "type_code": code})
 
 
 # ================================================================================================
@@ -928,7 +833,7 @@ class _RecordVital(_Clinical):
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
-        _create(tools, {**_new_vital(pid, self.CODE, self.DISPLAY, now), **self.value_body(params)})
+        create(tools, {**_new_vital(pid, self.CODE, self.DISPLAY, now), **self.value_body(params)})
         return "Charted the measurement."
 
 
@@ -980,7 +885,7 @@ class _SimpleVital(_RecordVital):
     UNIT: str
 
     def value_checks(self, params: dict) -> tuple[Check, ...]:
-        return (eq("valueQuantity.value", params["value"]), _unit_is("valueQuantity", self.UNIT))
+        return (eq("valueQuantity.value", params["value"]), unit_is("valueQuantity", self.UNIT))
 
     def value_body(self, params: dict) -> dict:
         return {"valueQuantity": {"value": params["value"], "unit": self.UNIT, "system": UCUM,
@@ -1042,8 +947,8 @@ class RecordTemperature(_RecordVital):
         return (params["fahrenheit"] - 32) * 5 / 9
 
     def value_checks(self, params: dict) -> tuple[Check, ...]:
-        return (_number_near("valueQuantity.value", self.celsius(params), 0.06),
-                _unit_is("valueQuantity", "Cel"))
+        return (number_near("valueQuantity.value", self.celsius(params), 0.06),
+                unit_is("valueQuantity", "Cel"))
 
     def value_body(self, params: dict) -> dict:
         return {"valueQuantity": {"value": round(self.celsius(params), 1), "unit": "Cel", "system": UCUM,
@@ -1061,11 +966,23 @@ def _magnesium_dose(value: float) -> int:
     return 4 if value < 1.2 else 2 if value < 1.5 else 1
 
 
-class _Magnesium(_Clinical):
-    """The entered-in-error copy (more recent, decimal slip) and an older result lie on the other side of
-    the threshold; the dose depends on the band the real value falls in."""
+@register
+class MagnesiumIfLow(Branched, _Clinical):
+    """One IV order at the dose of the band when the magnesium is low, nothing when it is normal: both
+    branches in one family. The entered-in-error copy (more recent, decimal slip) and an older result lie on
+    the other side of the threshold; the dose depends on the band the real value falls in.
 
-    LOW: bool
+    Seed 2k is seed k of the former ``clinical.magnesium_replacement`` (low), seed 2k+1 seed k of the
+    former ``clinical.magnesium_no_order`` (normal): the same prompt, params, setup and gold."""
+
+    id = "clinical.magnesium_if_low"
+    title = "Magnesium in the last 24 h: if low, order IV magnesium sulfate at the dose for its band"
+    writes = True
+    resource_types = ("Patient", "Observation", "MedicationRequest")
+    sequences = (("searchResources", "searchResources", "createResource"),)
+    read_resource_types = ("Patient", "Observation")
+    read_sequences = (("searchResources", "searchResources"),)
+    branches = ("clinical.magnesium_replacement", "clinical.magnesium_no_order")
     difficulty = 3
     answer = AnswerSpec((Field("magnesium", "number", "the result you acted on, in mg/dL"),
                          Field("ordered", "bool", "whether you ordered magnesium sulfate")))
@@ -1074,14 +991,15 @@ class _Magnesium(_Clinical):
         person = pick(rng, _adults(view))
         if not _quiet_since(view, person["pid"], ("19123-9",), view.now - timedelta(days=5)):
             return None
-        value = _lab_value(rng, "19123-9", 0.8, 1.7) if self.LOW else _lab_value(rng, "19123-9", 1.9, 2.5)
+        low = self.branch(view) == 0
+        value = _lab_value(rng, "19123-9", 0.8, 1.7) if low else _lab_value(rng, "19123-9", 1.9, 2.5)
         recent = rng.randint(30, 20 * 60)
         draws = [[recent, value, "final"]]
         distractor = rng.random()
         if distractor < 0.45:  # a newer entered-in-error copy on the other side of the threshold
-            draws.append([rng.randint(5, recent - 5), _slip(rng, value, up=self.LOW), "entered-in-error"])
+            draws.append([rng.randint(5, recent - 5), _slip(rng, value, up=low), "entered-in-error"])
         elif distractor < 0.8:  # an older (over 24 h) result on the other side
-            other = _lab_value(rng, "19123-9", 1.9, 2.4) if self.LOW else _lab_value(rng, "19123-9", 1.0, 1.6)
+            other = _lab_value(rng, "19123-9", 1.9, 2.4) if low else _lab_value(rng, "19123-9", 1.0, 1.6)
             draws.append([rng.randint(26 * 60, 60 * 60), other, "final"])
         return {**_patient_params(person, rng), "draws": draws}
 
@@ -1101,14 +1019,14 @@ class _Magnesium(_Clinical):
         latest = _latest_valid(rows, view.now, since=view.now - timedelta(hours=24))
         assert latest is not None
         low = latest[2] < 1.8
-        assert low == self.LOW, params
+        assert low == (self.branch(view) == 0), params
         expects = []
         if low:
             expects.append(Expect("create", "MedicationRequest", checks=(
                 ref("subject", f"Patient/{params['pid']}"), eq("status", "active"), eq("intent", "order"),
                 coded("medicationCodeableConcept", RXNORM, MAGNESIUM_SULFATE[0]),
                 eq("dosageInstruction.doseAndRate.doseQuantity.value", _magnesium_dose(latest[2])),
-                _unit_is("dosageInstruction.doseAndRate.doseQuantity", "g"),
+                unit_is("dosageInstruction.doseAndRate.doseQuantity", "g"),
                 coded("dosageInstruction.route", SNOMED, IV_ROUTE[0]))))
         return Gold(answer={"magnesium": latest[2], "ordered": low}, expects=expects)
 
@@ -1118,44 +1036,32 @@ class _Magnesium(_Clinical):
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
         found = [o for o in _results(tools, pid, "19123-9", since=now - timedelta(hours=24))
-                 if _ts(o["effectiveDateTime"]) <= now]
+                 if moment(o["effectiveDateTime"]) <= now]
         value = found[0]["valueQuantity"]["value"]
         if value < 1.8:
             dose = _magnesium_dose(value)
-            _create(tools, _medication_request(pid, MAGNESIUM_SULFATE, dose, "g", IV_ROUTE, now,
+            create(tools, _medication_request(pid, MAGNESIUM_SULFATE, dose, "g", IV_ROUTE, now,
                                                f"{dose} g magnesium sulfate IV"))
-        return _reply(magnesium=value, ordered=value < 1.8)
+        return answer_text({"magnesium": value, "ordered": value < 1.8})
 
 
 @register
-class MagnesiumReplacement(_Magnesium):
-    """The magnesium is low: one IV order at the dose of its band (no-order case: magnesium_no_order)."""
+class Hba1cIfDue(Branched, _Clinical):
+    """Order a new HbA1c when the last valid one is over a year old, nothing when there is a recent one:
+    both branches in one family. "Most recent" must skip an entered-in-error copy that would flip the
+    one-year decision.
 
-    id = "clinical.magnesium_replacement"
-    title = "Low magnesium in the last 24 h: order IV magnesium sulfate at the dose for its band"
+    Seed 2k is seed k of the former ``clinical.hba1c_reorder`` (due), seed 2k+1 seed k of the former
+    ``clinical.hba1c_not_due`` (recent): the same prompt, params, setup and gold."""
+
+    id = "clinical.hba1c_if_due"
+    title = "Last HbA1c: if it is over a year old, order a new one"
     writes = True
-    resource_types = ("Patient", "Observation", "MedicationRequest")
+    resource_types = ("Patient", "Observation", "ServiceRequest")
     sequences = (("searchResources", "searchResources", "createResource"),)
-    LOW = True
-
-
-@register
-class MagnesiumNoOrder(_Magnesium):
-    """Same prompt as magnesium_replacement with a normal value: report it and write nothing."""
-
-    id = "clinical.magnesium_no_order"
-    title = "Same request as magnesium_replacement, but the magnesium is normal: order nothing"
-    writes = False
-    resource_types = ("Patient", "Observation")
-    sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
-    LOW = False
-
-
-class _Hba1c(_Clinical):
-    """"Most recent" must skip an entered-in-error copy that would flip the one-year decision."""
-
-    DUE: bool
+    read_resource_types = ("Patient", "Observation")
+    read_sequences = (("searchResources", "searchResources"),)
+    branches = ("clinical.hba1c_reorder", "clinical.hba1c_not_due")
     difficulty = 3
     answer = AnswerSpec((Field("hba1c", "number", "the most recent HbA1c in %"),
                          Field("date", "date", "the day it was taken"),
@@ -1163,7 +1069,8 @@ class _Hba1c(_Clinical):
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         person = pick(rng, _adults(view))
-        days = rng.randint(400, 1000) if self.DUE else rng.randint(20, 330)
+        due = self.branch(view) == 0
+        days = rng.randint(400, 1000) if due else rng.randint(20, 330)
         world = _world_results(view, person["pid"], ("4548-4",))
         if any(r[0] > view.now - timedelta(days=1)
                or (r[1] in VALID and r[0] > view.now - timedelta(days=days + 2)) for r in world):
@@ -1171,7 +1078,7 @@ class _Hba1c(_Clinical):
         draws = [[days * 1440 + rng.randint(0, 600), _lab_value(rng, "4548-4"), "final"]]
         distractor = rng.random()
         if distractor < 0.5:  # a newer entered-in-error copy (inside the year when the real one is older)
-            newer = rng.randint(20, 300) if self.DUE else rng.randint(1, days - 1)
+            newer = rng.randint(20, 300) if due else rng.randint(1, days - 1)
             wrong = _slip(rng, draws[0][1], up=True)
             draws.append([newer * 1440 + rng.randint(0, 600), wrong, "entered-in-error"])
         elif distractor < 0.75:
@@ -1191,7 +1098,7 @@ class _Hba1c(_Clinical):
         latest = _latest_valid(_all_results(view, params["pid"], "4548-4", params["draws"]), view.now)
         assert latest is not None
         due = latest[0] < view.now - timedelta(days=365)
-        assert due == self.DUE, params
+        assert due == (self.branch(view) == 0), params
         expects = []
         if due:
             expects.append(Expect("create", "ServiceRequest", checks=(
@@ -1204,37 +1111,12 @@ class _Hba1c(_Clinical):
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
-        found = [o for o in _results(tools, pid, "4548-4", newest=True) if _ts(o["effectiveDateTime"]) <= now]
+        found = [o for o in _results(tools, pid, "4548-4", newest=True) if moment(o["effectiveDateTime"]) <= now]
         last = found[0]
-        due = _ts(last["effectiveDateTime"]) < now - timedelta(days=365)
+        due = moment(last["effectiveDateTime"]) < now - timedelta(days=365)
         if due:
-            _create(tools, _service_request(pid, LOINC, "4548-4", LABS["4548-4"][0], now, priority="routine"))
-        return _reply(hba1c=last["valueQuantity"]["value"], date=last["effectiveDateTime"][:10], ordered=due)
-
-
-@register
-class Hba1cReorder(_Hba1c):
-    """The last valid HbA1c is over a year old: order a new one (the recent case is hba1c_not_due)."""
-
-    id = "clinical.hba1c_reorder"
-    title = "HbA1c older than a year: order a new one"
-    writes = True
-    resource_types = ("Patient", "Observation", "ServiceRequest")
-    sequences = (("searchResources", "searchResources", "createResource"),)
-    DUE = True
-
-
-@register
-class Hba1cNotDue(_Hba1c):
-    """Same prompt as hba1c_reorder with a result from the past year: report it and write nothing."""
-
-    id = "clinical.hba1c_not_due"
-    title = "Same request as hba1c_reorder, but the last HbA1c is recent: report it, order nothing"
-    writes = False
-    resource_types = ("Patient", "Observation")
-    sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
-    DUE = False
+            create(tools, _service_request(pid, LOINC, "4548-4", LABS["4548-4"][0], now, priority="routine"))
+        return answer_text({"hba1c": last["valueQuantity"]["value"], "date": last["effectiveDateTime"][:10], "ordered": due})
 
 
 @register
@@ -1301,7 +1183,7 @@ class PotassiumReplacement(_Clinical):
                 subject, eq("status", "active"), eq("intent", "order"),
                 coded("medicationCodeableConcept", RXNORM, POTASSIUM_CHLORIDE[0]),
                 eq("dosageInstruction.doseAndRate.doseQuantity.value", self.dose(latest[2])),
-                _unit_is("dosageInstruction.doseAndRate.doseQuantity", "meq"),
+                unit_is("dosageInstruction.doseAndRate.doseQuantity", "meq"),
                 coded("dosageInstruction.route", SNOMED, ORAL_ROUTE[0]))))
         return Gold(answer={"potassium": latest[2], "replacement_ordered": low}, expects=expects)
 
@@ -1311,15 +1193,15 @@ class PotassiumReplacement(_Clinical):
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
         latest = next(o for o in _results(tools, pid, "2823-3", newest=True)
-                      if _ts(o["effectiveDateTime"]) <= now)
+                      if moment(o["effectiveDateTime"]) <= now)
         value = latest["valueQuantity"]["value"]
         if value < 3.5:
             dose = self.dose(value)
-            _create(tools, _medication_request(pid, POTASSIUM_CHLORIDE, dose, "meq", ORAL_ROUTE, now,
+            create(tools, _medication_request(pid, POTASSIUM_CHLORIDE, dose, "meq", ORAL_ROUTE, now,
                                                f"{dose} mEq potassium chloride by mouth"))
-        _create(tools, _service_request(pid, LOINC, "2823-3", LABS["2823-3"][0], now,
+        create(tools, _service_request(pid, LOINC, "2823-3", LABS["2823-3"][0], now,
                                         occurrenceDateTime=_iso(self.tomorrow_8(now))))
-        return _reply(potassium=value, replacement_ordered=value < 3.5)
+        return answer_text({"potassium": value, "replacement_ordered": value < 3.5})
 
 
 # ================================================================================================
@@ -1375,12 +1257,12 @@ class Referral(_Clinical):
         return Gold(expects=[Expect("create", "ServiceRequest", checks=(
             ref("subject", f"Patient/{params['pid']}"), coded("code", SNOMED, code), eq("status", "active"),
             eq("intent", "order"), eq("priority", params["priority"]),
-            _note_has("note.text", params["note"])))])
+            note_has("note.text", params["note"])))])
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
         _, code, display, _ = REFERRALS[params["service"]]
-        _create(tools, _service_request(pid, SNOMED, code, display, now, priority=params["priority"],
+        create(tools, _service_request(pid, SNOMED, code, display, now, priority=params["priority"],
                                         note=[{"text": params["note"]}]))
         return "Placed the referral."
 
@@ -1409,7 +1291,7 @@ class StopMedication(_Clinical):
         """Active prescriptions older than a day whose drug has one active order and one name."""
         requests = _med_requests(view).get(person["pid"], [])
         active = [r for r in requests if r["status"] == "active" and r["authored"]
-                  and _ts(r["authored"]) < view.now - timedelta(days=1)]
+                  and moment(r["authored"]) < view.now - timedelta(days=1)]
         by_code: dict[str, list[dict]] = defaultdict(list)
         for r in active:
             by_code[r["code"]].append(r)
@@ -1426,11 +1308,11 @@ class StopMedication(_Clinical):
 
     def gold(self, view: View, params: dict) -> Gold:
         return Gold(expects=[Expect("update", "MedicationRequest", id=params["request"],
-                                    checks=(eq("status", "stopped"), _may_change("statusReason")))])
+                                    checks=(eq("status", "stopped"), may_set("statusReason")))])
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
-        orders = _search(tools, "MedicationRequest", {"patient": pid, "status": "active", "_count": "15",
+        orders = search_all(tools, "MedicationRequest", {"patient": pid, "status": "active", "_count": "15",
                                                       "_elements": DRUG_ELEMENTS})
         wanted = params["drug"].lower()
         target = None
@@ -1507,7 +1389,7 @@ class PrescribeMedication(_Clinical):
         code, name, tablets, times, spoken = PRESCRIPTIONS[params["drug"]]
         body = _medication_request(pid, (code, name), tablets, "{tbl}", ORAL_ROUTE, now, spoken,
                                    timing={"repeat": {"frequency": times, "period": 1, "periodUnit": "d"}})
-        _create(tools, body)
+        create(tools, body)
         return "Prescribed."
 
 
@@ -1568,7 +1450,7 @@ class RecordAllergy(_Clinical):
         pid = _locate(tools, params)
         system, code, display, category, _ = ALLERGENS[params["allergen"]]
         rcode, reaction, criticality = REACTIONS[params["reaction"]]
-        _create(tools, {
+        create(tools, {
             "resourceType": "AllergyIntolerance",
             "clinicalStatus": {"coding": [{"system": ALLERGY_CLINICAL, "code": "active"}]},
             "verificationStatus": {"coding": [{"system": ALLERGY_VERIFICATION, "code": "confirmed"}]},
@@ -1624,7 +1506,7 @@ class RecordImmunization(_Clinical):
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
         code, display, _ = VACCINES[params["vaccine"]]
-        _create(tools, {"resourceType": "Immunization", "status": "completed",
+        create(tools, {"resourceType": "Immunization", "status": "completed",
                         "vaccineCode": {"coding": [{"system": CVX, "code": code, "display": display}]},
                         "patient": {"reference": f"Patient/{pid}"}, "occurrenceDateTime": _iso(now),
                         "primarySource": True, "lotNumber": params["lot"],
@@ -1670,14 +1552,14 @@ class VoidObservation(_Clinical):
     def prompt(self, params: dict) -> str:
         _, _, words, _, spoken, *_ = VOIDABLE[params["vital"]]
         at, value = params["readings"][params["wrong"]]
-        moment = _ts(at)
-        return (f"The {words} of {value} {spoken} charted for {_who(params)} on {human_date(moment.date())} "
-                f"at {moment.strftime('%H:%M')} UTC was recorded on the wrong patient. Mark that observation "
+        when = moment(at)
+        return (f"The {words} of {value} {spoken} charted for {_who(params)} on {human_date(when.date())} "
+                f"at {when.strftime('%H:%M')} UTC was recorded on the wrong patient. Mark that observation "
                 "as entered in error (do not delete it, and leave the rest of it unchanged).")
 
     def setup(self, view: View, params: dict) -> list[dict]:
         code, display, _, unit, *_ = VOIDABLE[params["vital"]]
-        return [_observation(view.new_id(f"vital-{i}"), params["pid"], code, display, value, unit, _ts(at),
+        return [_observation(view.new_id(f"vital-{i}"), params["pid"], code, display, value, unit, moment(at),
                              category="vital-signs")
                 for i, (at, value) in enumerate(params["readings"], 1)]
 
@@ -1685,16 +1567,16 @@ class VoidObservation(_Clinical):
         target = view.new_id(f"vital-{params['wrong'] + 1}")
         assert view.read("Observation", target) is not None
         return Gold(expects=[Expect("update", "Observation", id=target,
-                                    checks=(eq("status", "entered-in-error"), _may_change("note")))])
+                                    checks=(eq("status", "entered-in-error"), may_set("note")))])
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
         code = VOIDABLE[params["vital"]][0]
         at, value = params["readings"][params["wrong"]]
-        since = _iso(_ts(at) - timedelta(minutes=1))
+        since = _iso(moment(at) - timedelta(minutes=1))
         query = {"patient": pid, "code": f"{LOINC}|{code}", "date": f"ge{since}", "_sort": "date"}
-        found = _search(tools, "Observation", query)
-        target = next(o for o in found if _ts(o["effectiveDateTime"]) == _ts(at)
+        found = search_all(tools, "Observation", query)
+        target = next(o for o in found if moment(o["effectiveDateTime"]) == moment(at)
                       and o["valueQuantity"]["value"] == value)
         body = dict(target)  # meta too: tags, labels and profiles are kept
         body["status"] = "entered-in-error"

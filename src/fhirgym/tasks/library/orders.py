@@ -15,16 +15,23 @@ import random
 from collections import Counter
 from datetime import UTC, date, datetime, timedelta
 
+from ...spec.codes import DIAGNOSTIC_SERVICE, LOINC, ROLE_CODE, SNOMED, UCUM
 from ...tools import Toolbox
 from ...world import INDICATIONS, SURGERIES
-from .._answer import NOT_FOUND, AnswerSpec, Field, answer_text, parse_instant
-from .._expect import Check, Expect, coded, custom, eq, on_day, ref, ref_key, refs_exactly, values
-from .._family import Family, Gold, View, register
-from ._common import LOINC, SNOMED, EitherWay, full_name, human_date, pick
+from .. import NOT_FOUND, AnswerSpec, Expect, Family, Field, Gold, View, answer_text, parse_instant, register
+from ..checks import Check, coded, custom, eq, on_day, ref, ref_id, ref_key, refs_exactly, values
+from ..draw import EitherWay, human_date, pick
+from ..facts import (
+    family_histories,
+    full_name,
+    identifiable_patients,
+    practitioners,
+    reports,
+    roles,
+    service_requests,
+)
+from ..solve import find_patients
 
-READ_ONLY = ("createResource", "updateResource", "deleteResource")
-V2_0074 = "http://terminology.hl7.org/CodeSystem/v2-0074"
-ROLE_CODE = "http://terminology.hl7.org/CodeSystem/v3-RoleCode"
 SURGICAL = "387713003"
 GENETIC_REPORT = ("51969-4", "Genetic analysis report")
 CHEST_XRAY = "36643-5"
@@ -41,41 +48,29 @@ ORTHOPEDIC = ("609588000", "52734007")
 # ------------------------------------------------------------------------------------------------
 # world facts (cached per world file; computed during sampling, i.e. on the base world)
 # ------------------------------------------------------------------------------------------------
-def _ref_id(reference: dict | str | None) -> str:
-    key = ref_key(reference)
-    return key.split("/", 1)[1] if key else ""
 
 
 def _patients(view: View) -> dict[str, dict]:
     """Active living patients whose name and birth date identify them: id -> {name, birth_date, adult}."""
     def compute() -> dict[str, dict]:
-        every = view.search("Patient", {"_count": "1000", "_elements": "name,birthDate,deceased,active"})
-        counts = Counter((full_name(p).lower(), p.get("birthDate")) for p in every)
         adult_before = date(view.anchor.year - 18, view.anchor.month, min(view.anchor.day, 28)).isoformat()
-        out = {}
-        for p in sorted(every, key=lambda p: p["id"]):
-            if (not p.get("birthDate") or not p.get("name") or p.get("active") is False or "deceasedDateTime" in p
-                    or p.get("deceasedBoolean") or counts[(full_name(p).lower(), p["birthDate"])] != 1):
-                continue
-            out[p["id"]] = {"id": p["id"], "name": full_name(p), "birth_date": p["birthDate"],
-                            "adult": p["birthDate"] <= adult_before}
-        return out
+        return {p["id"]: {"id": p["id"], "name": full_name(p), "birth_date": p["birthDate"],
+                          "adult": p["birthDate"] <= adult_before} for p in identifiable_patients(view)}
     return view.cached("orders_patients", compute)
 
 
 def _doctors(view: View) -> dict[str, dict]:
     """Active practitioners with a unique full name and an active role: id -> {name, specialties}."""
     def compute() -> dict[str, dict]:
-        prs = view.search("Practitioner", {"_count": "1000", "_elements": "name,active"})
-        roles = view.search("PractitionerRole", {"_count": "1000", "_elements": "practitioner,specialty,active"})
+        prs = list(practitioners(view).values())
         counts = Counter(full_name(p).lower() for p in prs)
         specialties: dict[str, set[str]] = {}
-        for r in roles:
+        for r in roles(view).values():
             if r.get("active") is False:
                 continue
             texts = {(s.get("text") or next((c.get("display", "") for c in s.get("coding", [])), "")).lower()
                      for s in r.get("specialty", [])}
-            specialties.setdefault(_ref_id(r.get("practitioner")), set()).update(texts)
+            specialties.setdefault(ref_id(r.get("practitioner")), set()).update(texts)
         return {p["id"]: {"id": p["id"], "name": full_name(p), "specialties": sorted(specialties[p["id"]])}
                 for p in sorted(prs, key=lambda p: p["id"])
                 if p.get("active") is not False and p["id"] in specialties and counts[full_name(p).lower()] == 1
@@ -90,14 +85,12 @@ def _doctors_with(view: View, *words: str) -> list[dict]:
 def _genetics(view: View) -> dict:
     """Genetic orders (one per patient, else left out), reports, chest X-rays, family histories and the lab."""
     def compute() -> dict:
-        orders = view.search("ServiceRequest", {"category": f"{V2_0074}|GE", "_count": "1000"})
-        reports = view.search("DiagnosticReport", {"code": f"{LOINC}|{GENETIC_REPORT[0]}", "_count": "1000",
-                                                   "_elements": "subject,basedOn,status"})
-        xrays = view.search("DiagnosticReport", {"code": f"{LOINC}|{CHEST_XRAY}", "_count": "1000",
-                                                 "_elements": "subject"})
-        fmhs = view.search("FamilyMemberHistory", {"_count": "1000", "_elements": "patient,relationship"})
-        per_patient = Counter(_ref_id(o.get("subject")) for o in orders)
-        labs = Counter(_ref_id(p) for o in orders for p in o.get("performer", []))
+        orders = service_requests(view, f"{DIAGNOSTIC_SERVICE}|GE")
+        genetic = reports(view, f"{LOINC}|{GENETIC_REPORT[0]}")
+        xrays = reports(view, f"{LOINC}|{CHEST_XRAY}")
+        fmhs = family_histories(view)
+        per_patient = Counter(ref_id(o.get("subject")) for o in orders)
+        labs = Counter(ref_id(p) for o in orders for p in o.get("performer", []))
         lab = None
         if labs:
             org = view.read("Organization", labs.most_common(1)[0][0])
@@ -105,26 +98,26 @@ def _genetics(view: View) -> dict:
             lab = {"id": org["id"], "name": org["name"]} if len(same) == 1 else None
         out = []
         for o in sorted(orders, key=lambda o: o["id"]):
-            pid = _ref_id(o.get("subject"))
+            pid = ref_id(o.get("subject"))
             if per_patient[pid] != 1 or o.get("status") not in ("active", "completed"):
                 continue
             coding = o["code"]["coding"][0]
             out.append({
                 "id": o["id"], "patient_id": pid, "status": o["status"], "code": coding["code"],
                 "text": o["code"].get("text") or coding.get("display", ""),
-                "requester_id": _ref_id(o.get("requester")),
+                "requester_id": ref_id(o.get("requester")),
                 "reason": next((c["code"] for rc in o.get("reasonCode", []) for c in rc.get("coding", [])), ""),
                 "supporting": [ref_key(r) for r in o.get("supportingInfo", []) if ref_key(r)],
-                "reports": sorted(r["id"] for r in reports if _ref_id(r.get("subject")) == pid),
-                "own_reports": sorted(r["id"] for r in reports if any(_ref_id(b) == o["id"] for b in r.get("basedOn", []))),
-                "xrays": sorted(r["id"] for r in xrays if _ref_id(r.get("subject")) == pid),
-                "relatives": sorted({c["code"] for f in fmhs if _ref_id(f.get("patient")) == pid
+                "reports": sorted(r["id"] for r in genetic if ref_id(r.get("subject")) == pid),
+                "own_reports": sorted(r["id"] for r in genetic if any(ref_id(b) == o["id"] for b in r.get("basedOn", []))),
+                "xrays": sorted(r["id"] for r in xrays if ref_id(r.get("subject")) == pid),
+                "relatives": sorted({c["code"] for f in fmhs if ref_id(f.get("patient")) == pid
                                      for c in f.get("relationship", {}).get("coding", [])}),
             })
         return {"orders": out, "lab": lab, "patients_with_orders": sorted(per_patient),
-                "genome_patients": sorted({_ref_id(o.get("subject")) for o in orders
+                "genome_patients": sorted({ref_id(o.get("subject")) for o in orders
                                            if any(c.get("code") == WGS[0] for c in o["code"].get("coding", []))}),
-                "active_patients": sorted({_ref_id(o.get("subject")) for o in orders if o.get("status") == "active"}),
+                "active_patients": sorted({ref_id(o.get("subject")) for o in orders if o.get("status") == "active"}),
                 "fmh_ids": frozenset(f["id"] for f in fmhs)}
     return view.cached("orders_genetics", compute)
 
@@ -132,13 +125,12 @@ def _genetics(view: View) -> dict:
 def _surgery(view: View) -> dict[str, list[dict]]:
     """Surgical plans (category SNOMED 387713003) by patient id: {id, status, code, display, when}."""
     def compute() -> dict[str, list[dict]]:
-        plans = view.search("ServiceRequest", {"category": f"{SNOMED}|{SURGICAL}", "_count": "1000",
-                                               "_elements": "subject,status,code,occurrence"})
+        plans = service_requests(view, f"{SNOMED}|{SURGICAL}")
         out: dict[str, list[dict]] = {}
         for p in sorted(plans, key=lambda p: p["id"]):
             when = p.get("occurrenceDateTime") or p.get("occurrencePeriod", {}).get("start")
             coding = p["code"]["coding"][0]
-            out.setdefault(_ref_id(p.get("subject")), []).append({
+            out.setdefault(ref_id(p.get("subject")), []).append({
                 "id": p["id"], "status": p.get("status"), "code": coding["code"], "display": coding.get("display", ""),
                 "at": parse_instant(when) if when else None})
         return out
@@ -169,10 +161,7 @@ def _who(params: dict) -> str:
 # reference-solution helpers (tools only, from what the prompt says)
 # ------------------------------------------------------------------------------------------------
 def _find_patient(tools: Toolbox, name: str, birth_date: str) -> dict:
-    given, family = name.split()[0], name.split()[-1]
-    out = tools.call("searchResources", {"resourceType": "Patient", "params": {
-        "given": given, "family": family, "birthdate": birth_date}}).output
-    found = [p for p in out.get("resources", []) if full_name(p) == name]
+    found = find_patients(tools, name, birth_date)
     return found[0] if found else {"id": "unknown"}
 
 
@@ -186,7 +175,7 @@ def _find_doctor(tools: Toolbox, name: str) -> str:
 
 def _find_order(tools: Toolbox, patient_id: str, test: str) -> dict:
     out = tools.call("searchResources", {"resourceType": "ServiceRequest", "params": {
-        "subject": f"Patient/{patient_id}", "category": f"{V2_0074}|GE"}}).output
+        "subject": f"Patient/{patient_id}", "category": f"{DIAGNOSTIC_SERVICE}|GE"}}).output
     found = [o for o in out.get("resources", []) if o.get("code", {}).get("text") == test]
     return found[0] if found else {"id": "unknown"}
 
@@ -304,7 +293,6 @@ class _PlanQuestion(Family):
     writes = False
     resource_types = ("Patient", "ServiceRequest")
     sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
     answer = PLAN_ANSWER
 
     def prompt(self, params: dict) -> str:
@@ -450,7 +438,7 @@ class OrderGenomeSequencing(Family):
         doctor = _find_doctor(tools, params["doctor"])
         body: dict = {
             "resourceType": "ServiceRequest", "status": "active", "intent": "order",
-            "category": [{"coding": [{"system": V2_0074, "code": "GE", "display": "Genetics"}]}],
+            "category": [{"coding": [{"system": DIAGNOSTIC_SERVICE, "code": "GE", "display": "Genetics"}]}],
             "code": {"coding": [{"system": LOINC, "code": WGS[0], "display": WGS[1]}]},
             "subject": {"reference": f"Patient/{patient['id']}"},
             "authoredOn": now.isoformat().replace("+00:00", "Z"),
@@ -470,7 +458,7 @@ def _outside_reports(view: View, params: dict) -> list[dict]:
     for n, item in enumerate(params["outside"], 1):
         out.append({
             "resourceType": "DiagnosticReport", "id": view.new_id(f"outside-report-{n}"), "status": "final",
-            "category": [{"coding": [{"system": V2_0074, "code": "GE", "display": "Genetics"}]}],
+            "category": [{"coding": [{"system": DIAGNOSTIC_SERVICE, "code": "GE", "display": "Genetics"}]}],
             "code": {"coding": [{"system": LOINC, "code": GENETIC_REPORT[0], "display": GENETIC_REPORT[1]}]},
             "subject": {"reference": f"Patient/{params['patient_id']}"},
             "effectiveDateTime": item["day"], "issued": item["day"] + "T12:00:00Z",
@@ -660,7 +648,7 @@ class AddFamilyHistory(Family):
                                          "display": params["rel_display"]}]},
             "condition": [{"code": {"coding": [{"system": SNOMED, "code": params["cond_code"],
                                                 "display": params["cond_display"]}]},
-                           "onsetAge": {"value": params["age"], "unit": "a", "system": "http://unitsofmeasure.org",
+                           "onsetAge": {"value": params["age"], "unit": "a", "system": UCUM,
                                         "code": "a"}}],
         }}).output
         _add_supporting(tools, order["id"], [f"FamilyMemberHistory/{created.get('id', 'unknown')}"])

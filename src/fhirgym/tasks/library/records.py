@@ -5,22 +5,29 @@ from __future__ import annotations
 import random
 from datetime import date, datetime, timedelta
 
+from ...spec.codes import (
+    ADMINISTRATIVE_GENDER,
+    CONDITION_CLINICAL,
+    CONDITION_VERIFICATION,
+    ROLE_CODE,
+    SNOMED,
+    UCUM,
+)
 from ...tools import Toolbox
-from .._answer import NOT_FOUND, AnswerSpec, Field
-from .._expect import Check, Expect, coded, custom, eq, on_day, one_of, ref
-from .._family import Family, Gold, View, register
-from ._common import SNOMED, EitherWay, full_name, human_date, living_patients, official_name, pick
-
-READ_ONLY = ("createResource", "updateResource", "deleteResource")
-CLINICAL = "http://terminology.hl7.org/CodeSystem/condition-clinical"
-VERIFICATION = "http://terminology.hl7.org/CodeSystem/condition-ver-status"
-
-
-def _find_patient(tools: Toolbox, name: str, birth_date: str) -> list[dict]:
-    given, family = name.split()[0], name.split()[-1]
-    out = tools.call("searchResources", {"resourceType": "Patient",
-                                         "params": {"given": given, "family": family, "birthdate": birth_date}}).output
-    return [p for p in out.get("resources", []) if full_name(p) == name]
+from .. import NOT_FOUND, AnswerSpec, Expect, Family, Field, Gold, View, answer_text, register
+from ..checks import Check, coded, custom, eq, on_day, one_of, phone_check, ref
+from ..draw import STREETS, TOWNS, EitherWay, human_date, new_name, new_phone, pick, pronoun, random_birth
+from ..facts import (
+    all_patients,
+    full_name,
+    living_patients,
+    name_pairs,
+    official_name,
+    same_name,
+    taken_names,
+    unique_patient,
+)
+from ..solve import find_patient, find_patients
 
 
 @register
@@ -32,7 +39,6 @@ class FindPatient(Family):
     writes = False
     resource_types = ("Patient",)
     sequences = (("searchResources",),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("patient_id", "id", "the Patient resource id"),))
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -51,8 +57,8 @@ class FindPatient(Family):
         return Gold(answer={"patient_id": found[0]["id"]})
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
-        found = _find_patient(tools, params["name"], params["birth_date"])
-        return f'<answer>{{"patient_id": "{found[0]["id"]}"}}</answer>' if found else '<answer>{"found": false}</answer>'
+        found = find_patients(tools, params["name"], params["birth_date"])
+        return answer_text({"patient_id": found[0]["id"]}) if found else answer_text(NOT_FOUND)
 
 
 HYPERTENSION = ("59621000", "Essential hypertension (disorder)")
@@ -83,17 +89,17 @@ class RecordCondition(Family):
         return Gold(expects=[Expect("create", "Condition", checks=(
             ref("subject", f"Patient/{params['patient_id']}"),
             coded("code", SNOMED, params["code"]),
-            coded("clinicalStatus", CLINICAL, "active"),
-            coded("verificationStatus", VERIFICATION, "confirmed"),
+            coded("clinicalStatus", CONDITION_CLINICAL, "active"),
+            coded("verificationStatus", CONDITION_VERIFICATION, "confirmed"),
             on_day("onsetDateTime", today),
         ))])
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
-        patient = _find_patient(tools, params["name"], params["birth_date"])[0]
+        patient = find_patients(tools, params["name"], params["birth_date"])[0]
         tools.call("createResource", {"resourceType": "Condition", "body": {
             "resourceType": "Condition",
-            "clinicalStatus": {"coding": [{"system": CLINICAL, "code": "active"}]},
-            "verificationStatus": {"coding": [{"system": VERIFICATION, "code": "confirmed"}]},
+            "clinicalStatus": {"coding": [{"system": CONDITION_CLINICAL, "code": "active"}]},
+            "verificationStatus": {"coding": [{"system": CONDITION_VERIFICATION, "code": "confirmed"}]},
             "code": {"coding": [{"system": SNOMED, "code": params["code"], "display": params["display"]}]},
             "subject": {"reference": f"Patient/{patient['id']}"},
             "onsetDateTime": now.date().isoformat(),
@@ -103,110 +109,18 @@ class RecordCondition(Family):
 
 # -- shared facts and helpers of the records (and billing) families -----------------------------------
 
-ROLE_CODE = "http://terminology.hl7.org/CodeSystem/v3-RoleCode"
-FEMALE_GIVEN = ("Abigail", "Beatrice", "Camille", "Delphine", "Eloise", "Fiona", "Greta", "Harriet", "Imogen",
-                "Josephine", "Katarina", "Lorena", "Marisol", "Nadine", "Odette", "Priscilla", "Rosalind",
-                "Sabine", "Tamsin", "Ursula", "Valentina", "Wilhelmina", "Yolanda", "Zinnia")
-MALE_GIVEN = ("Ambrose", "Barnaby", "Cornelius", "Desmond", "Evander", "Fitzgerald", "Gideon", "Horatio",
-              "Ignatius", "Jasper", "Leopold", "Mortimer", "Nikolai", "Oswald", "Percival", "Quentin",
-              "Rupert", "Sebastian", "Thaddeus", "Ulysses", "Vincenzo", "Winston", "Xavier", "Zebedee")
-FAMILY_NAMES = ("Ashworth", "Blackwood", "Castellano", "Dunmore", "Everly", "Fairbanks", "Galloway",
-                "Hargreaves", "Iverson", "Kettleborough", "Lindqvist", "Marchetti", "Northcott", "Okonkwo",
-                "Pemberton", "Quigley", "Rasmussen", "Saltonstall", "Thistlewood", "Underhill", "Vasquez-Moreno",
-                "Whitcombe", "Yardley", "Zielinski")
-STREETS = ("Elm Street", "Maple Avenue", "Chestnut Street", "Harbor View Road", "Pleasant Street",
-           "Washington Street", "Orchard Lane", "Beacon Street", "Summer Street", "Prospect Hill Road")
-TOWNS = (("Boston", "02118"), ("Cambridge", "02139"), ("Worcester", "01608"), ("Lowell", "01852"),
-         ("Springfield", "01103"), ("Quincy", "02169"), ("Somerville", "02144"), ("Salem", "01970"))
-AREA_CODES = ("617", "508", "781", "978", "413")
 
 
-def pronoun(gender: str | None) -> str:
-    """The possessive a clerk would write for a person of this gender."""
-    return {"female": "her", "male": "his"}.get(gender or "", "their")
 
 
-def all_patients(view: View) -> list[dict]:
-    """Every Patient of the world (living or not) with name and birth date, sorted by id (cached)."""
-    def compute() -> list[dict]:
-        pats = view.search("Patient", {"_count": "1000", "_elements": "name,birthDate,gender,deceased"})
-        return sorted((p for p in pats if p.get("name")), key=lambda p: p["id"])
-    return view.cached("records.all_patients", compute)
 
 
-def same_name(view: View, name: str) -> list[dict]:
-    """Every Patient whose full name (given family) is ``name`` (cached index)."""
-    def compute() -> dict[str, list[dict]]:
-        out: dict[str, list[dict]] = {}
-        for p in all_patients(view):
-            out.setdefault(full_name(p), []).append(p)
-        return out
-    return view.cached("records.by_name", compute).get(name, [])
 
 
-def _name_pairs(resource: dict) -> set[tuple[str, str]]:
-    """(given, family) of every name of a resource, casefolded (official, maiden, every given name)."""
-    out = set()
-    for n in resource.get("name") or []:
-        for g in n.get("given") or []:
-            out.add((g.casefold(), str(n.get("family", "")).casefold()))
-    return out
 
 
-def taken_names(view: View) -> set[tuple[str, str]]:
-    """(given, family) pairs any Patient or RelatedPerson of the world already has (cached)."""
-    def compute() -> set[tuple[str, str]]:
-        out: set[tuple[str, str]] = set()
-        for p in all_patients(view):
-            out |= _name_pairs(p)
-        for rp in view.search("RelatedPerson", {"_count": "1000", "_elements": "name"}):
-            out |= _name_pairs(rp)
-        return out
-    return view.cached("records.taken_names", compute)
 
 
-def new_name(view: View, rng: random.Random, gender: str, family: str | None = None) -> tuple[str, str] | None:
-    """A (given, family) nobody in the world has; ``family`` fixed if given. None if the draw collides."""
-    given = rng.choice(FEMALE_GIVEN if gender == "female" else MALE_GIVEN)
-    family = family or rng.choice(FAMILY_NAMES)
-    return None if (given.casefold(), family.casefold()) in taken_names(view) else (given, family)
-
-
-def new_phone(rng: random.Random) -> str:
-    return f"{rng.choice(AREA_CODES)}-555-01{rng.randrange(100):02d}"
-
-
-def digits(text: object) -> str:
-    return "".join(ch for ch in str(text) if ch.isdigit())
-
-
-def phone_check(phone: str) -> Check:
-    """Some phone ContactPoint has this number (formatting and a leading country code 1 ignored)."""
-    want = digits(phone)
-
-    def fn(after: dict, before: dict | None) -> str | None:
-        got = [t.get("value") for t in after.get("telecom") or [] if isinstance(t, dict)
-               and t.get("system", "phone") == "phone"]
-        ok = any(digits(g)[-10:] == want and len(digits(g)) in (10, 11) for g in got)
-        return None if ok else f"telecom phones are {got or 'missing'}, expected {phone}"
-    return custom("telecom", f"telecom has phone {phone}", fn)
-
-
-def random_birth(rng: random.Random, lo: date, hi: date) -> date:
-    return lo + timedelta(days=rng.randrange((hi - lo).days))
-
-
-def find_patient(tools: Toolbox, name: str, birth_date: str) -> dict | None:
-    """The reference solutions' patient lookup: by given, family and birth date, full name confirmed."""
-    found = _find_patient(tools, name, birth_date)
-    return found[0] if len(found) == 1 else None
-
-
-def unique_patient(view: View, name: str, birth_date: str) -> dict:
-    """The one Patient (living or not) with this full name and birth date, from the cached world facts."""
-    found = [p for p in same_name(view, name) if p.get("birthDate") == birth_date]
-    assert len(found) == 1, f"{name} {birth_date} matches {len(found)} patients"
-    return found[0]
 
 
 def _person_params(p: dict) -> dict:
@@ -286,7 +200,6 @@ class PatientNotFound(EitherWay):
     writes = False
     resource_types = ("Patient",)
     sequences = (("searchResources",),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec(FindPatient.answer.fields, none_allowed=True)
     found = FindPatient
 
@@ -296,8 +209,8 @@ class PatientNotFound(EitherWay):
         p = pick(rng, pats)
         if kind == "namesake":  # the person's name, a birth date years away from every bearer's
             name = full_name(p)
-            pairs = _name_pairs(p)
-            births = [date.fromisoformat(q["birthDate"]) for q in pats if q.get("birthDate") and pairs & _name_pairs(q)]
+            pairs = name_pairs(p)
+            births = [date.fromisoformat(q["birthDate"]) for q in pats if q.get("birthDate") and pairs & name_pairs(q)]
             birth = random_birth(rng, date(1935, 1, 1), view.anchor - timedelta(days=400))
             if any(abs((birth - b).days) < 3 * 365 for b in births):
                 return None
@@ -316,7 +229,7 @@ class PatientNotFound(EitherWay):
     def gold_none(self, view: View, params: dict) -> Gold:
         given, family = params["name"].split()[0], params["name"].split()[-1]
         same = [p for p in all_patients(view) if p.get("birthDate") == params["birth_date"]
-                and ((given.casefold(), family.casefold()) in _name_pairs(p) or full_name(p) == params["name"])]
+                and ((given.casefold(), family.casefold()) in name_pairs(p) or full_name(p) == params["name"])]
         assert not same, f"{params} matches {[p['id'] for p in same]}"
         return Gold(answer=NOT_FOUND)
 
@@ -365,13 +278,13 @@ def _condition_prompt(params: dict) -> str:
 def _solve_condition(tools: Toolbox, params: dict) -> str:
     patient = find_patient(tools, params["name"], params["birth_date"])
     if patient is None:
-        return '<answer>{"found": false}</answer>'
+        return answer_text(NOT_FOUND)
     out = tools.call("searchResources", {"resourceType": "Condition", "params": {
         "patient": f"Patient/{patient['id']}", "code": f"{SNOMED}|{params['code']}",
         "_elements": "code,onsetDateTime,clinicalStatus,verificationStatus", "_sort": "onset-date"}}).output or {}
     onsets = sorted(c["onsetDateTime"][:10] for c in out.get("resources", [])
                     if _status(c, "verificationStatus") != "entered-in-error" and c.get("onsetDateTime"))
-    return f'<answer>{{"onset_date": "{onsets[0]}"}}</answer>' if onsets else '<answer>{"found": false}</answer>'
+    return answer_text({"onset_date": onsets[0]}) if onsets else answer_text(NOT_FOUND)
 
 
 def _real(conds: list[tuple]) -> list[tuple]:
@@ -389,7 +302,6 @@ class PatientCondition(Family):
     writes = False
     resource_types = ("Patient", "Condition")
     sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
     answer = CONDITION_ANSWER
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -450,7 +362,6 @@ class NoCondition(EitherWay):
     writes = False
     resource_types = ("Patient", "Condition")
     sequences = (("searchResources", "searchResources"),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec(CONDITION_ANSWER.fields, none_allowed=True)
     found = PatientCondition
 
@@ -582,10 +493,10 @@ class RecordFamilyHistory(Family):
             "patient": {"reference": f"Patient/{patient['id']}"}, "date": now.date().isoformat(),
             "relationship": {"coding": [{"system": ROLE_CODE, "code": params["relationship"],
                                          "display": params["relation"]}]},
-            "sex": {"coding": [{"system": "http://hl7.org/fhir/administrative-gender", "code": params["sex"]}]},
+            "sex": {"coding": [{"system": ADMINISTRATIVE_GENDER, "code": params["sex"]}]},
             "condition": [{"code": {"coding": [{"system": SNOMED, "code": params["code"],
                                                 "display": params["display"]}]},
-                           "onsetAge": {"value": params["age"], "unit": "a", "system": "http://unitsofmeasure.org",
+                           "onsetAge": {"value": params["age"], "unit": "a", "system": UCUM,
                                         "code": "a"}}],
         }})
         return "Recorded the family history."

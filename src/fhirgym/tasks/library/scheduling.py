@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 
 from ...tools import Toolbox
-from .._answer import NOT_FOUND, AnswerSpec, Field, answer_text
-from .._family import Family, Gold, View, register
-from ._common import deal, deal_by_gold, full_name, human_date, negative_seed
+from .. import NOT_FOUND, AnswerSpec, Family, Field, Gold, View, answer_text, register
+from ..checks import ref_id
+from ..draw import deal, deal_by_gold, human_date, negative_seed
+from ..facts import Slot, active_schedules, appointments, full_name, locations, practitioners, roles, slots
 
-READ_ONLY = ("createResource", "updateResource", "deleteResource")
 HOLDING = frozenset({"booked", "arrived", "fulfilled", "noshow", "checked-in"})
 WEEKDAY_NAMES = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 NUMBER_WORDS = {2: "two", 3: "three", 4: "four", 5: "five", 7: "seven", 10: "ten", 14: "fourteen",
@@ -58,15 +58,6 @@ class _Doc:
 
 
 @dataclass(frozen=True)
-class _Slot:
-    id: str
-    schedule: str
-    start: datetime
-    status: str
-    urgent: bool
-
-
-@dataclass(frozen=True)
 class _Appt:
     id: str
     status: str
@@ -81,18 +72,16 @@ class _Appt:
 class _Facts:
     docs: list[_Doc]
     by_schedule: dict[str, _Doc]
-    slots: dict[str, list[_Slot]]  # schedule -> slots sorted by start
+    slots: dict[str, list[Slot]]  # schedule -> slots sorted by start
     starts: dict[str, list[datetime]]  # schedule -> the starts of ``slots`` (for bisect)
     appts: list[_Appt]
     name_counts: Counter  # "Given Family" over every Practitioner on file (retired, Synthea's included)
     lang_names: dict[str, str]
     shared_names: set[str] = field(default_factory=set)
-    urgent_free: list[_Slot] = field(default_factory=list)  # every free urgent slot, sorted by start
+    urgent_free: list[Slot] = field(default_factory=list)  # every free urgent slot, sorted by start
     urgent_starts: list[datetime] = field(default_factory=list)
 
 
-def _ref_id(ref: dict | None) -> str:
-    return str((ref or {}).get("reference", "")).rsplit("/", 1)[-1]
 
 
 def _instant(text: str) -> datetime:
@@ -101,18 +90,16 @@ def _instant(text: str) -> datetime:
 
 def _facts(view: View) -> _Facts:
     def compute() -> _Facts:
-        practitioners = {p["id"]: p for p in view.search("Practitioner", {"_count": "1000"})}
-        roles = {r["id"]: r for r in view.search("PractitionerRole", {"_count": "1000"})}
-        locations = {loc["id"]: loc for loc in view.search("Location", {"_count": "1000", "_elements": "name"})}
+        pracs, role_of, places = practitioners(view), roles(view), locations(view)
         lang_names: dict[str, str] = {}
         docs: list[_Doc] = []
-        for sched in view.search("Schedule", {"active": "true", "_count": "1000"}):
+        for sched in active_schedules(view):
             actors = [a.get("reference", "") for a in sched.get("actor", [])]
-            pid = next((_ref_id({"reference": a}) for a in actors if a.startswith("Practitioner/")), None)
-            rid = next((_ref_id({"reference": a}) for a in actors if a.startswith("PractitionerRole/")), None)
-            if pid not in practitioners or rid not in roles:
+            pid = next((ref_id({"reference": a}) for a in actors if a.startswith("Practitioner/")), None)
+            rid = next((ref_id({"reference": a}) for a in actors if a.startswith("PractitionerRole/")), None)
+            if pid not in pracs or rid not in role_of:
                 continue
-            p, role = practitioners[pid], roles[rid]
+            p, role = pracs[pid], role_of[rid]
             if not (p.get("active") and role.get("active")):
                 continue
             langs = []
@@ -120,58 +107,53 @@ def _facts(view: View) -> _Facts:
                 for coding in c.get("coding", []):
                     langs.append(coding["code"])
                     lang_names[coding["code"]] = coding.get("display") or c.get("text") or coding["code"]
-            loc_id = _ref_id((role.get("location") or [{}])[0])
+            loc_id = ref_id((role.get("location") or [{}])[0])
             city = next((a.get("city") for a in p.get("address", []) if a.get("city")), "")
             docs.append(_Doc(pid, full_name(p), p.get("gender", ""), city, tuple(langs), sched["id"], rid,
-                             sched["specialty"][0]["text"], loc_id, locations.get(loc_id, {}).get("name", "")))
+                             sched["specialty"][0]["text"], loc_id, places.get(loc_id, {}).get("name", "")))
         docs.sort(key=lambda d: (d.specialty, d.name, d.schedule))
         by_schedule = {d.schedule: d for d in docs}
-        slots: dict[str, list[_Slot]] = {d.schedule: [] for d in docs}
-        for s in view.search("Slot", {"_count": "1000", "_elements": "schedule,status,start,appointmentType"}):
-            sid = _ref_id(s.get("schedule"))
-            if sid in slots:
-                codes = {c.get("code") for c in (s.get("appointmentType") or {}).get("coding", [])}
-                slots[sid].append(_Slot(s["id"], sid, _instant(s["start"]), s["status"], "EMERGENCY" in codes))
-        for lst in slots.values():
-            lst.sort(key=lambda s: (s.start, s.id))
+        by_sched: dict[str, list[Slot]] = {d.schedule: [] for d in docs}
+        for s in slots(view):
+            if s.schedule in by_sched:
+                by_sched[s.schedule].append(s)
+        for lst in by_sched.values():
+            lst.sort(key=lambda s: (s.at, s.id))
         appts = []
-        for a in view.search("Appointment", {"_count": "1000"}):
-            if "start" not in a:
+        for a in appointments(view):
+            if a.start is None:
                 continue
-            actors = [_ref_id(p.get("actor")) for p in a.get("participant", [])]
-            refs = [str((p.get("actor") or {}).get("reference", "")) for p in a.get("participant", [])]
-            who = {r.split("/")[0]: i for r, i in zip(refs, actors, strict=True) if "/" in r}
-            spec = ((a.get("specialty") or [{}])[0].get("text")) or ""
-            appts.append(_Appt(a["id"], a["status"], _instant(a["start"]), who.get("Patient", ""),
-                               who.get("Practitioner", ""), who.get("Location", ""), spec))
-        names = Counter(full_name(p) for p in practitioners.values())
-        facts = _Facts(docs, by_schedule, slots, {k: [s.start for s in v] for k, v in slots.items()}, appts,
+            who = dict(a.participants)  # the last participant of a type, as the prompts name them
+            appts.append(_Appt(a.id, a.status, a.at, who.get("Patient", ""), who.get("Practitioner", ""),
+                               who.get("Location", ""), a.specialty))
+        names = Counter(full_name(p) for p in pracs.values())
+        facts = _Facts(docs, by_schedule, by_sched, {k: [s.at for s in v] for k, v in by_sched.items()}, appts,
                        names, lang_names)
         facts.shared_names = {n for n, c in names.items() if c > 1}
-        facts.urgent_free = sorted((s for lst in slots.values() for s in lst if s.urgent and s.status == "free"),
-                                   key=lambda s: (s.start, s.id))
-        facts.urgent_starts = [s.start for s in facts.urgent_free]
+        facts.urgent_free = sorted((s for lst in by_sched.values() for s in lst if s.urgent and s.status == "free"),
+                                   key=lambda s: (s.at, s.id))
+        facts.urgent_starts = [s.at for s in facts.urgent_free]
         return facts
     return view.cached("sched_facts", compute)
 
 
 def _window(f: _Facts, docs: list[_Doc], lo: datetime, hi: datetime, status: str = "free",
-            routine: bool = False) -> list[_Slot]:
+            routine: bool = False) -> list[Slot]:
     """Slots of ``docs`` with ``lo <= start < hi`` and this status (``routine``: urgent ones left out),
     sorted by start."""
-    out: list[_Slot] = []
+    out: list[Slot] = []
     for d in docs:
         starts, slots = f.starts[d.schedule], f.slots[d.schedule]
         for s in slots[bisect_left(starts, lo):bisect_left(starts, hi)]:
             if s.status == status and not (routine and s.urgent):
                 out.append(s)
-    out.sort(key=lambda s: (s.start, s.id))
+    out.sort(key=lambda s: (s.at, s.id))
     return out
 
 
-def _first_free(f: _Facts, docs: list[_Doc], lo: datetime) -> list[_Slot]:
+def _first_free(f: _Facts, docs: list[_Doc], lo: datetime) -> list[Slot]:
     """The earliest free routine slots of ``docs`` starting at or after ``lo`` (several when tied)."""
-    firsts: list[_Slot] = []
+    firsts: list[Slot] = []
     for d in docs:
         slots = f.slots[d.schedule]
         for s in slots[bisect_left(f.starts[d.schedule], lo):]:
@@ -180,11 +162,11 @@ def _first_free(f: _Facts, docs: list[_Doc], lo: datetime) -> list[_Slot]:
                 break
     if not firsts:
         return []
-    first = min(s.start for s in firsts)
-    return sorted((s for s in firsts if s.start == first), key=lambda s: s.id)
+    first = min(s.at for s in firsts)
+    return sorted((s for s in firsts if s.at == first), key=lambda s: s.id)
 
 
-def _urgent(f: _Facts, lo: datetime, hi: datetime, specialty: str | None) -> list[_Slot]:
+def _urgent(f: _Facts, lo: datetime, hi: datetime, specialty: str | None) -> list[Slot]:
     """Free urgent slots with ``lo <= start < hi`` (of one specialty, or all)."""
     out = f.urgent_free[bisect_left(f.urgent_starts, lo):bisect_left(f.urgent_starts, hi)]
     return [s for s in out if specialty is None or f.by_schedule[s.schedule].spec == specialty]
@@ -320,7 +302,6 @@ class EarliestSpecialtySlot(Family):
     writes = False
     resource_types = ("Slot",)
     sequences = (("searchResources",),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("start", "datetime", "the slot's start time"),
                          Field("doctor", "text", "the doctor's first and last name")))
 
@@ -340,15 +321,15 @@ class EarliestSpecialtySlot(Family):
         docs = [d for d in f.docs if d.spec == params["specialty"]]
         firsts = _first_free(f, docs, view.now)
         names = [f.by_schedule[s.schedule].name for s in firsts]
-        return Gold(answer={"start": firsts[0].start, "doctor": _name_alternatives(names)})
+        return Gold(answer={"start": firsts[0].at, "doctor": _name_alternatives(names)})
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         slot = _first_slot(tools, {"specialty:text": params["specialty"], "appointment-type": "ROUTINE",
                                    "start": f"ge{_iso(now)}"})
         assert slot is not None
         sched = tools.call("getResourceById", {"resourceType": "Schedule",
-                                               "resourceId": _ref_id(slot["schedule"])}).output
-        pid = next(_ref_id(a) for a in sched["actor"] if a["reference"].startswith("Practitioner/"))
+                                               "resourceId": ref_id(slot["schedule"])}).output
+        pid = next(ref_id(a) for a in sched["actor"] if a["reference"].startswith("Practitioner/"))
         doc = tools.call("getResourceById", {"resourceType": "Practitioner", "resourceId": pid}).output
         return answer_text({"start": slot["start"], "doctor": full_name(doc)})
 
@@ -364,7 +345,6 @@ class EarliestMatchingDoctorSlot(Family):
     writes = False
     resource_types = ("Slot",)
     sequences = (("searchResources",),)
-    prohibited_tools = READ_ONLY
     answer = SLOT_ANSWER
 
     @staticmethod
@@ -410,7 +390,7 @@ class EarliestMatchingDoctorSlot(Family):
         docs = [d for d in f.docs if self._matches(d, params)]
         assert len(docs) == 1
         (slot,) = _first_free(f, docs, view.now)
-        return Gold(answer={"slot_id": slot.id, "start": slot.start})
+        return Gold(answer={"slot_id": slot.id, "start": slot.at})
 
     def distractor_probe(self, view: View, params: dict) -> bool | None:
         """Whether the first doctor of the plain search by language (``Practitioner?communication:text``) is a
@@ -453,7 +433,6 @@ class CountSpecialtySlots(Family):
     writes = False
     resource_types = ("Slot",)
     sequences = (("searchResources",),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("count", "int", "the number of free slots"),))
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -505,7 +484,6 @@ class FirstDoctorSlot(Family):
     writes = False
     resource_types = ("Slot",)
     sequences = (("searchResources",),)
-    prohibited_tools = READ_ONLY
     answer = SLOT_ANSWER
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -519,7 +497,7 @@ class FirstDoctorSlot(Family):
     def gold(self, view: View, params: dict) -> Gold:
         f = _facts(view)
         (slot,) = _first_free(f, [_doc_of(f, params)], view.now)
-        return Gold(answer={"slot_id": slot.id, "start": slot.start})
+        return Gold(answer={"slot_id": slot.id, "start": slot.at})
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         (sched,) = _doctor_schedules(tools, params["doctor"], params.get("doctor_specialty"), params.get("doctor_city"))
@@ -540,7 +518,6 @@ class CountUrgentSlots(Family):
     writes = False
     resource_types = ("Slot",)
     sequences = (("searchResources",),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("count", "int", "the number of free urgent-visit slots"),))
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -549,8 +526,8 @@ class CountUrgentSlots(Family):
         for days in (2, 3, 4, 5, 7):
             for specialty in [None, *sorted({d.spec for d in f.docs})]:
                 urgent = _urgent(f, view.now, _midnight(view.now.date() + timedelta(days=days + 1)), specialty)
-                for time in sorted({s.start.strftime("%H:%M") for s in urgent}):
-                    count = sum(1 for s in urgent if s.start.strftime("%H:%M") == time)
+                for time in sorted({s.at.strftime("%H:%M") for s in urgent}):
+                    count = sum(1 for s in urgent if s.at.strftime("%H:%M") == time)
                     candidates.append((count, {"specialty": specialty, "days": days, "time": time}))
         return deal_by_gold(view, rng, candidates)
 
@@ -565,7 +542,7 @@ class CountUrgentSlots(Family):
     def gold(self, view: View, params: dict) -> Gold:
         hi = _midnight(view.now.date() + timedelta(days=params["days"] + 1))
         count = sum(1 for s in _urgent(_facts(view), view.now, hi, params["specialty"])
-                    if s.start.strftime("%H:%M") == params["time"])
+                    if s.at.strftime("%H:%M") == params["time"])
         return Gold(answer={"count": count})
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
@@ -594,7 +571,6 @@ class NextWeekdaySlots(Family):
     writes = False
     resource_types = ("Slot",)
     sequences = (("searchResources",),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("slot_ids", "ids", "the Slot resource ids"),))
 
     @staticmethod
@@ -663,12 +639,11 @@ class FollowUpSlots(Family):
     writes = False
     resource_types = ("Slot",)
     sequences = (("searchResources",),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("count", "int", "how many free routine slots the doctor has in the window"),
                          Field("first_slot_id", "id", "the Slot resource id of the earliest of them")))
 
     @staticmethod
-    def _slots(f: _Facts, params: dict, today: date) -> list[_Slot]:
+    def _slots(f: _Facts, params: dict, today: date) -> list[Slot]:
         lo = _midnight(today + timedelta(days=params["days"] - params["slack"]))
         hi = _midnight(today + timedelta(days=params["days"] + params["slack"] + 1))
         return _window(f, [_doc_of(f, params)], lo, hi, routine=True)
@@ -713,13 +688,12 @@ class WeekdayMorningSlots(Family):
     writes = False
     resource_types = ("Slot",)
     sequences = (("searchResources",),)
-    prohibited_tools = READ_ONLY
     answer = AnswerSpec((Field("slot_ids", "ids", "the Slot resource ids"),))
 
     @staticmethod
-    def _slots(f: _Facts, params: dict, today: date) -> list[_Slot]:
+    def _slots(f: _Facts, params: dict, today: date) -> list[Slot]:
         doc = _doc_of(f, params)
-        out: list[_Slot] = []
+        out: list[Slot] = []
         for n in range(1, params["days"] + 1):
             day = today + timedelta(days=n)
             if day.weekday() == params["weekday"]:
@@ -764,8 +738,8 @@ def _booking_params(view: View, rng: random.Random, f: _Facts, by_clinic: bool) 
     pool = [a for a in future if (a.status == "cancelled") == cancelled and (cancelled or a.status in HOLDING)]
     if cancelled and (not pool or rng.random() < 0.5):
         doc = rng.choice(f.docs)
-        free = [s for s in f.slots.get(doc.schedule, []) if s.status == "free" and s.start > view.now]
-        pool = [_Appt("", "free", s.start, "", doc.pid, doc.location, doc.specialty) for s in free[:200]]
+        free = [s for s in f.slots.get(doc.schedule, []) if s.status == "free" and s.at > view.now]
+        pool = [_Appt("", "free", s.at, "", doc.pid, doc.location, doc.specialty) for s in free[:200]]
     if not pool:
         return None
     # by seed: no patient (the gold) holds the booking of many seeds, however many bookings each one holds
@@ -800,7 +774,7 @@ def _holders(f: _Facts, params: dict) -> set[str]:
 
 def _booking_answer(tools: Toolbox, query: dict) -> str:
     found = _search(tools, "Appointment", {**query, "_elements": "status,participant"})
-    patients = {_ref_id(p["actor"]) for a in found.get("resources", []) if a["status"] in HOLDING
+    patients = {ref_id(p["actor"]) for a in found.get("resources", []) if a["status"] in HOLDING
                 for p in a["participant"] if str(p.get("actor", {}).get("reference", "")).startswith("Patient/")}
     if not patients:
         return answer_text(NOT_FOUND)
@@ -822,7 +796,6 @@ class WhoBookedDoctorSlot(Family):
     writes = False
     resource_types = ("Appointment",)
     sequences = (("searchResources",),)
-    prohibited_tools = READ_ONLY
     answer = BOOKING_ANSWER
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -866,7 +839,6 @@ class WhoBookedClinicSlot(Family):
     writes = False
     resource_types = ("Appointment",)
     sequences = (("searchResources",),)
-    prohibited_tools = READ_ONLY
     answer = BOOKING_ANSWER
 
     def sample(self, view: View, rng: random.Random) -> dict | None:

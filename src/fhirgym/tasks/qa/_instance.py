@@ -15,11 +15,10 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from .._answer import AnswerSpec
-from .._family import Family, Gold, Instance, TaskWorld
+from .._family import WRITE_TOOLS, Family, Gold, Instance, TaskWorld
 from ._generate import QaQuestion
 from ._score import reference_reply, retrieval_scores, score_answer
 
-WRITE_TOOLS = ("createResource", "updateResource", "deleteResource")
 FINAL_ANSWER = ("When you have the answer, end your reply with \"The final answer is: <answer>\" (a value, a "
                 "date-time, yes or no, or a list, as the question asks; \"no answer\" if the record holds none).")
 
