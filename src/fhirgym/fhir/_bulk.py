@@ -28,12 +28,11 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from .._gc import gc_paused
 from ._core import ServerConfig, ServerCore
 from ._errors import FhirError, Issue, bad_request, invalid_resource
 from ._http import ID_RE
+from ._json import dumps, loads
 from ._store import CURRENT_TABLES, SCRATCH_CACHE, Record, Store, create_tables, insert_records
 from ._write import record
 
@@ -82,7 +81,7 @@ def _prepare_payload(payload: bytes, ts: str, validate: bool) -> Prepared:
     """:func:`_prepare` in a worker, of a chunk as the parent serialised it."""
     assert _WORKER is not None
     with gc_paused():
-        return _prepare(_WORKER, [(n, res, v) for n, res, v in orjson.loads(payload)], ts, validate)
+        return _prepare(_WORKER, [(n, res, v) for n, res, v in loads(payload)], ts, validate)
 
 
 def _connect(path: Path, own: bool) -> sqlite3.Connection:
@@ -202,7 +201,7 @@ def _bulk_write(server: ServerCore, items: list[Item], ts: str, validate: bool, 
             turn = multiprocessing.Value("q", 0)
             with ProcessPoolExecutor(workers, initializer=_init_worker,
                                      initargs=(server.config.base_url, validate, None, str(path), turn)) as pool:
-                _results(pool, ((_write_shared, orjson.dumps(c), ts, validate, n) for n, c in enumerate(chunks)), turn)
+                _results(pool, ((_write_shared, dumps(c), ts, validate, n) for n, c in enumerate(chunks)), turn)
         return
     if workers <= 1:
         with store.bulk():  # an invalid chunk raises inside: the whole load rolls back
@@ -215,7 +214,7 @@ def _bulk_write(server: ServerCore, items: list[Item], ts: str, validate: bool, 
     try:
         with ProcessPoolExecutor(workers, initializer=_init_worker,
                                  initargs=(server.config.base_url, validate, str(folder), None, None)) as pool:
-            results = _results(pool, ((_write_in_worker, orjson.dumps(c), ts, validate) for c in chunks))
+            results = _results(pool, ((_write_in_worker, dumps(c), ts, validate) for c in chunks))
         store.copy_in(results)
     finally:
         shutil.rmtree(folder, ignore_errors=True)

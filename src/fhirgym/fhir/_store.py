@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import orjson
+from ._json import dumps
 
 #: ``None`` binds as NULL either way, but without an adapter Python's sqlite3 looks for one on every
 #: ``None`` parameter (two failed attribute lookups): 1.0 µs per ``None`` instead of 0.4. Index rows carry
@@ -638,7 +638,7 @@ def insert_records(conn: sqlite3.Connection, records: list[Record]) -> None:
     ref_rows: list = []
     for r in records:
         data = r.data if r.data is not None else r.body if isinstance(r.body, bytes) or r.body is None \
-            else orjson.dumps(r.body)
+            else dumps(r.body)
         res_rows += (r.rtype, r.id, r.version, r.last_updated, r.method, 0 if r.body is not None else 1, data)
         key = (r.rtype, r.id)
         for table, rows in r.index.items():

@@ -50,6 +50,7 @@ from collections.abc import Callable
 from fhirgym.spec import ElementDef, Spec
 
 from ._errors import Issue
+from ._json import FhirDecimal
 from ._values import date_range
 
 #: JSON object nesting deeper than this is refused instead of risking Python's recursion limit.
@@ -244,6 +245,8 @@ def _make_checker(type_code: str, spec: Spec, valid: set[str]) -> Checker:
         lo = {"integer": _INT_MIN, "positiveInt": 1, "unsignedInt": 0}[type_code]
 
         def check_int(v: object) -> str | None:
+            if type(v) is FhirDecimal and v.is_integer_text:  # -0, or an integer beyond 64 bits
+                v = int(v.text)
             if type(v) is not int:
                 return f"expected a JSON integer ({type_code}), got {_got(v)}"
             if not lo <= v <= _INT_MAX:
@@ -254,8 +257,8 @@ def _make_checker(type_code: str, spec: Spec, valid: set[str]) -> Checker:
     if type_code == "decimal":
 
         def check_decimal(v: object) -> str | None:
-            if type(v) is int or (type(v) is float and math.isfinite(v)):
-                return None
+            if type(v) is int or (type(v) is float and math.isfinite(v)) or type(v) is FhirDecimal:
+                return None  # a FhirDecimal was parsed from valid JSON number text, a FHIR decimal
             return f"expected a JSON number (decimal), got {_got(v)}"
 
         return check_decimal

@@ -10,11 +10,10 @@ from __future__ import annotations
 import copy
 from urllib.parse import parse_qsl
 
-import orjson
-
 from ._core import ServerCore
 from ._errors import FhirError, Issue, bad_request, invalid_resource
 from ._http import ID_RE, VERSION_RE
+from ._json import dumps
 from ._refs import iter_references, reference_strings, reference_strings_json, rewrite_references
 from ._store import Record
 from ._values import split_reference
@@ -123,7 +122,7 @@ def record(server: ServerCore, rtype: str, rid: str, version: int, method: str, 
     body["meta"] = meta
     body["id"] = rid
     index = server.extractor.extract(body)
-    data = orjson.dumps(body)
+    data = dumps(body)
     refs = sorted(local_targets(server, data))
     return Record(rtype, rid, version, ts, method, body, index, refs, data)
 

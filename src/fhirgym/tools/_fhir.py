@@ -15,7 +15,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
 
-from ..fhir import FhirClient, Response, TransportError
+from ..fhir import FhirClient, Response, TransportError, json_default_str
 from ..spec import load_spec
 from ._core import Tool, ToolContext, ToolError
 
@@ -84,7 +84,7 @@ def _strip(resource: dict) -> dict:
 
 
 def _size(obj: Any) -> int:
-    return len(orjson.dumps(obj, default=str))
+    return len(orjson.dumps(obj, default=json_default_str))
 
 
 def list_resource_types(ctx: ToolContext, args: dict) -> dict:
