@@ -56,9 +56,10 @@ _TURN: Any = None
 ABORTED = -1
 
 
-def _init_worker(base_url: str, validate: bool, folder: str | None, target: str | None, turn: Any) -> None:
+def _init_worker(base_url: str, validate: bool, folder: str | None, target: str | None, turn: Any,
+                 invariants: bool = True) -> None:
     global _WORKER, _FOLDER, _TARGET, _TURN
-    _WORKER = ServerCore(Store(), config=ServerConfig(base_url=base_url, validate=validate))
+    _WORKER = ServerCore(Store(), config=ServerConfig(base_url=base_url, validate=validate, invariants=invariants))
     _FOLDER = Path(folder) if folder else None
     _TARGET, _TURN = (Path(target) if target else None), turn
     gc.freeze()  # the spec's objects live as long as the worker: no collection needs to walk them
@@ -68,7 +69,7 @@ def _prepare(server: ServerCore, items: list[Item], ts: str, validate: bool) -> 
     out = []
     for n, res, version in items:
         if validate:
-            errors = [i for i in server.validator.validate(res) if i.severity in ("error", "fatal")]
+            errors = [i for i in server.validator.validate(res, server.config.invariants) if i.severity in ("error", "fatal")]
             if errors:
                 return n, errors
         rec = record(server, res["resourceType"], res["id"], version, "PUT", dict(res), ts)
@@ -200,7 +201,8 @@ def _bulk_write(server: ServerCore, items: list[Item], ts: str, validate: bool, 
                 return
             turn = multiprocessing.Value("q", 0)
             with ProcessPoolExecutor(workers, initializer=_init_worker,
-                                     initargs=(server.config.base_url, validate, None, str(path), turn)) as pool:
+                                     initargs=(server.config.base_url, validate, None, str(path), turn,
+                                               server.config.invariants)) as pool:
                 _results(pool, ((_write_shared, dumps(c), ts, validate, n) for n, c in enumerate(chunks)), turn)
         return
     if workers <= 1:
@@ -213,7 +215,8 @@ def _bulk_write(server: ServerCore, items: list[Item], ts: str, validate: bool, 
     folder = Path(tempfile.mkdtemp(prefix="fhirgym-bulk-", dir=store_dir))
     try:
         with ProcessPoolExecutor(workers, initializer=_init_worker,
-                                 initargs=(server.config.base_url, validate, str(folder), None, None)) as pool:
+                                 initargs=(server.config.base_url, validate, str(folder), None, None,
+                                           server.config.invariants)) as pool:
             results = _results(pool, ((_write_in_worker, dumps(c), ts, validate) for c in chunks))
         store.copy_in(results)
     finally:

@@ -22,7 +22,7 @@ from ._values import split_reference
 def validate(server: ServerCore, resource: dict) -> None:
     """422 for a resource with errors (unless the server does not validate)."""
     if server.config.validate:
-        issues = server.validator.validate(resource)
+        issues = server.validator.validate(resource, server.config.invariants)
         errors = [i for i in issues if i.severity in ("error", "fatal")]
         if errors:
             raise invalid_resource(errors)
