@@ -526,6 +526,18 @@ class Store:
         cur = self.current(rtype, rid)
         return cur is not None and not cur[2]
 
+    def iter_current(self, batch: int = 2000) -> Iterator[tuple[str, str, bytes]]:
+        """Every live resource as (type, id, stored JSON), in (type, id) order, fetched ``batch`` at a time
+        (a whole 100-patient world does not fit in memory at once)."""
+        after = ("", "")
+        while True:
+            rows = self.query(f"SELECT rtype, id, json FROM ({merged('resources')}) WHERE (rtype, id) > (?, ?) "
+                              "ORDER BY rtype, id LIMIT ?", (*after, batch))
+            yield from rows
+            if len(rows) < batch:
+                return
+            after = (rows[-1][0], rows[-1][1])
+
     def counts(self) -> dict[str, int]:
         """Number of live resources per type."""
         return dict(self.query(f"SELECT rtype, count(*) FROM ({merged('resources')}) GROUP BY rtype ORDER BY rtype"))
