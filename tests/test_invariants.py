@@ -201,3 +201,23 @@ def test_the_built_world_obeys_every_rule_and_the_shortcuts_agree(small_world_pa
     assert report.checked > 20_000
     assert report.ok, report.summary(limit=20)
     assert checked["n"] == 20_000 and not disagreements, disagreements[:5]
+
+
+def test_synthea_repairs_periods_and_placeholder_reasons():
+    from fhirgym.world import repair_bundle
+
+    period = {"start": "1995-12-21T22:07:46.239422+00:00", "end": "1995-12-15T11:02:02.431725+00:00"}
+    bundle = {"entry": [
+        {"resource": {"resourceType": "Encounter", "period": dict(period),
+                      "reasonCode": [{"text": "dental_referral"}, {"text": "Chest pain (finding)"}]}},
+        {"resource": {"resourceType": "DocumentReference", "context": {"period": dict(period)}}},
+        {"resource": {"resourceType": "Procedure", "reasonCode": [{"text": "mdd"}]}},
+        {"resource": {"resourceType": "Procedure", "reasonCode": [
+            {"text": "asthma", "coding": [{"system": "http://snomed.info/sct", "code": "195967001"}]}]}},
+    ]}
+    enc, doc, proc, coded = (e["resource"] for e in repair_bundle(bundle)["entry"])
+    assert enc["period"] == {"start": period["start"], "end": period["start"]}
+    assert doc["context"]["period"] == enc["period"]
+    assert enc["reasonCode"] == [{"text": "Chest pain (finding)"}]
+    assert "reasonCode" not in proc
+    assert coded["reasonCode"][0]["text"] == "asthma"  # coded: a real reason, kept

@@ -36,7 +36,7 @@ def test_reference_passes_null_fails_mutations_rejected(family, small_world_path
 #: 10-patient test world, keyed by that world file's sha256. It moves whenever a family's sampling, prompt,
 #: setup or gold does: re-record it deliberately (``instances_sha256`` prints it).
 INSTANCES_SHA256 = {
-    "1ac0fe133e694c9f77afc051504903b2882d99dc42d4cbc2576d7eb948a507e9":
+    "e7f41ede4273a6d94fd2c7fd703f387757087c91d012ccef1ac830a3f68c1513":
         "4be742cf72f9dbcf71fab67e1b0287c733f92b096c60d6008313d7622aab3a6a",
 }
 

@@ -23,7 +23,17 @@ from pathlib import Path
 import orjson
 
 from .._gc import gc_paused
-from ..fhir import FhirError, FhirServer, Issue, ServerConfig, Snapshot, Store, loads_json, rewrite_references
+from ..fhir import (
+    FhirError,
+    FhirServer,
+    Issue,
+    ServerConfig,
+    Snapshot,
+    Store,
+    dumps_json,
+    loads_json,
+    rewrite_references,
+)
 from ..spec import cache_dir, file_sha256, load_spec
 from ._context import WorldContext
 from ._synthea import repair_bundle, synthea_bundles
@@ -155,7 +165,7 @@ def flatten_bundles(bundles: list[dict], skip: frozenset[str] = frozenset(), cop
                     continue
                 seen.add(key)
             if copy:
-                r = orjson.loads(orjson.dumps(r))
+                r = loads_json(dumps_json(r))
             rewrite_references(r, mapping.get)
             out.append(r)
     return out
@@ -318,9 +328,9 @@ def _import_world(paths: list[Path], out: Path, workers: int) -> tuple[WorldInfo
         files = sorted(p.rglob("*")) if p.is_dir() else [p]
         for f in files:
             if f.suffix == ".ndjson":
-                loose.extend(orjson.loads(line) for line in f.read_bytes().splitlines() if line.strip())
+                loose.extend(loads_json(line) for line in f.read_bytes().splitlines() if line.strip())
             elif f.suffix == ".json":
-                data = orjson.loads(f.read_bytes())
+                data = loads_json(f.read_bytes())  # decimals as written
                 if data.get("resourceType") == "Bundle":
                     bundles.append(repair_bundle(data))
                 else:
