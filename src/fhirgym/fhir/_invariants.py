@@ -69,9 +69,10 @@ class Invariants:
                 for c in self._constraints(path))
         return found
 
-    def check(self, invariants: tuple[Invariant, ...], node: dict, type_path: str, root: dict, where: str,
-              issues: list[Issue]) -> None:
-        """Evaluate ``invariants`` on one node (of the element ``type_path``) of resource ``root``."""
+    def check(self, invariants: tuple[Invariant, ...], node: dict, type_path: str, root: dict, where: Any,
+              issues: list[Issue], render: Callable[[Any], str] = str) -> None:
+        """Evaluate ``invariants`` on one node (of the element ``type_path``) of resource ``root``;
+        ``render(where)`` names the node in an issue (only computed for one)."""
         target: Any = None
         for inv in invariants:
             result = inv.quick(node) if inv.quick is not None else None
@@ -81,12 +82,14 @@ class Invariants:
                 try:
                     result = inv.fn(target, {"resource": root, "rootResource": root}) != [False]
                 except Exception as exc:  # fhirpathpy on an odd instance: say so, never block the write
-                    issues.append(Issue("warning", "exception", f"{where}: constraint {inv.key} could not be "
-                                        f"evaluated: {type(exc).__name__}: {exc}", (where,)))
+                    at = render(where)
+                    issues.append(Issue("warning", "exception", f"{at}: constraint {inv.key} could not be "
+                                        f"evaluated: {type(exc).__name__}: {exc}", (at,)))
                     continue
             if not result:
-                issues.append(Issue("error", "invariant", f"{where}: constraint {inv.key} failed: {inv.human} "
-                                                          f"({inv.expression})", (where,)))
+                at = render(where)
+                issues.append(Issue("error", "invariant", f"{at}: constraint {inv.key} failed: {inv.human} "
+                                                          f"({inv.expression})", (at,)))
 
     # -- compiling -------------------------------------------------------------------------------
     def _constraints(self, path: str) -> list[dict]:

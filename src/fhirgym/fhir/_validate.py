@@ -387,7 +387,7 @@ class Validator:
         if invs is None:
             invs = plan.invariants = self.invariants.at(plan.key)
         if invs:
-            self.invariants.check(invs, obj, plan.key, root, _render(path), issues)
+            self.invariants.check(invs, obj, plan.key, root, path, issues, _render)
         fields = plan.fields
         for key, val in obj.items():
             f = fields.get(key)
