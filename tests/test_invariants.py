@@ -58,6 +58,15 @@ def test_invariants_in_nested_elements_and_contained_resources():
     assert "Patient.contained[0].period: constraint per-1 failed" in _refused(client, holder)
 
 
+def test_invariants_inside_extensions_of_primitives():
+    bad = {"url": "http://example.org/when", "valuePeriod": {"start": "2020-01-02", "end": "2020-01-01"}}
+    client = new_client()
+    msg = _refused(client, {"resourceType": "Patient", "birthDate": "2000-01-01", "_birthDate": {"extension": [bad]}})
+    assert "Patient.birthDate.extension[0].valuePeriod: constraint per-1 failed" in msg
+    msg = _refused(client, {"resourceType": "Patient", "name": [{"given": ["a", "b"], "_given": [None, {"extension": [bad]}]}]})
+    assert "Patient.name[0].given[1].extension[0].valuePeriod: constraint per-1" in msg
+
+
 def test_strings_are_at_most_one_megabyte_and_hold_no_control_characters():
     client = new_client()
     limit = 1024 * 1024

@@ -168,11 +168,12 @@ class _Field:
 class _Plan:
     """The compiled children of one element path (a resource, backbone element or datatype)."""
 
-    __slots__ = ("choices", "fields", "invariants", "is_extension", "key", "required")
+    __slots__ = ("choices", "deep", "fields", "invariants", "is_extension", "key", "required")
 
     def __init__(self, key: str = "") -> None:
         self.key = key  # the element path: a type name, or a backbone path such as Encounter.statusHistory
         self.invariants: tuple[Invariant, ...] | None = None  # compiled on first use
+        self.deep: bool | None = None  # whether this path or any under it has invariants (see Validator._deep)
         self.fields: dict[str, _Field] = {}
         self.required: list[tuple[str, tuple[str, ...]]] = []  # (element name, keys that satisfy it)
         self.choices: dict[str, tuple[str, ...]] = {}  # choice name -> its JSON keys
@@ -382,7 +383,8 @@ class Validator:
             self._contained(res, contained if type(contained) is list else [], local, path or rt, issues)
 
     def _invariants(self, obj: dict, plan: _Plan, root: dict, path: Path, issues: list[Issue]) -> None:
-        """Evaluate the invariants of every element path in a structurally valid resource."""
+        """Evaluate the invariants of every element path in a structurally valid resource, skipping the
+        elements under which no path has any (codings, references, meta ...)."""
         invs = plan.invariants
         if invs is None:
             invs = plan.invariants = self.invariants.at(plan.key)
@@ -394,16 +396,51 @@ class Validator:
             if f is None:
                 continue
             mode = f.mode
-            if mode == _COMPLEX_ONE:
-                self._invariants(val, f.plan or self._resolve(f), root, (path, key), issues)
-            elif mode == _COMPLEX_MANY:
+            if mode in (_COMPLEX_ONE, _COMPLEX_MANY):
                 sub = f.plan or self._resolve(f)
-                for i, item in enumerate(val):
-                    self._invariants(item, sub, root, (path, key, i), issues)
+                if sub.deep is False or (sub.deep is None and not self._deep(sub)):
+                    continue
+                if mode == _COMPLEX_ONE:
+                    self._invariants(val, sub, root, (path, key), issues)
+                else:
+                    for i, item in enumerate(val):
+                        self._invariants(item, sub, root, (path, key, i), issues)
+            elif mode == _PRIM_EXT:  # extensions of primitives: their values may be Periods ...
+                sub = self._plan("Element")
+                if self._deep(sub):
+                    for i, item in enumerate(val) if type(val) is list else ((-1, val),):
+                        if type(item) is dict:
+                            where = (path, f.other, i) if i >= 0 else (path, f.other)  # reported on the primitive
+                            self._invariants(item, sub, root, where, issues)
             elif mode == _RESOURCE:
                 for i, res in enumerate(val) if type(val) is list else ((-1, val),):
                     self._invariants(res, self._plan(res["resourceType"]), res,
                                      (path, key, i) if i >= 0 else (path, key), issues)
+
+    def _deep(self, plan: _Plan) -> bool:
+        """Whether any element path at or under ``plan`` has invariants (or holds resources), found once
+        per plan by a search through the plans it leads to."""
+        if plan.deep is None:
+            plan.deep = self._reaches_invariants(plan)
+        return plan.deep
+
+    def _reaches_invariants(self, start: _Plan) -> bool:
+        seen, todo = {id(start)}, [start]
+        while todo:
+            p = todo.pop()
+            if p.invariants is None:
+                p.invariants = self.invariants.at(p.key)
+            if p.invariants:
+                return True
+            for f in p.fields.values():
+                if f.mode == _RESOURCE:
+                    return True
+                if f.mode in (_COMPLEX_ONE, _COMPLEX_MANY, _PRIM_EXT):
+                    sub = self._plan("Element") if f.mode == _PRIM_EXT else f.plan or self._resolve(f)
+                    if id(sub) not in seen:
+                        seen.add(id(sub))
+                        todo.append(sub)
+        return False
 
     @staticmethod
     def _contained(res: dict, contained: list, local: list[_LocalRef], path: Path, issues: list[Issue]) -> None:
