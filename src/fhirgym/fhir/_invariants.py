@@ -15,7 +15,8 @@ better messages: ``ele-1`` (no empty elements), ``ext-1`` (an extension has a va
 
 Speed: fhirpathpy costs 0.1-1 ms an evaluation. Most constraints are disjunctions (``A or B``,
 ``A implies B``) whose terms test one element's presence (``code.empty()``, ``system.exists()``,
-``component.code.where(...).empty()`` when ``component`` is absent). :func:`shortcut` compiles those
+``component.code.where(...).empty()`` when ``component`` is absent, or a CodeableConcept's coding of
+a given system and code, as in ``con-4``). :func:`shortcut` compiles those
 terms into dict lookups once per constraint: when a term decides the constraint (true), or every
 term is decided, fhirpathpy is not run. ``per-1`` (a Period's start <= end, on every Period) is
 written out in Python (:func:`_per_1`), with FHIRPath's rule for dates of different precisions.
@@ -57,6 +58,7 @@ class Invariants:
         self.spec = spec
         self._at: dict[str, tuple[Invariant, ...]] = {}
         self._fns: dict[str, Callable[..., list]] = {}  # expression -> compiled, shared across paths
+        self._by_type: dict[str, dict[str, list[dict]]] = {}  # type -> element path -> its constraints
         self._engine: tuple | None = None
 
     def at(self, path: str) -> tuple[Invariant, ...]:
@@ -93,16 +95,20 @@ class Invariants:
 
     # -- compiling -------------------------------------------------------------------------------
     def _constraints(self, path: str) -> list[dict]:
+        """The error-level, non-structural constraints of an element path, from its type's definition
+        (read once per type)."""
         type_name = path.split(".", 1)[0]
-        try:
-            sd = self.spec.structure_definition(type_name)
-        except KeyError:
-            return []
-        for el in sd.get("snapshot", {}).get("element", []):
-            if el.get("path") == path:
-                return [c for c in el.get("constraint", [])
-                        if c.get("severity") == "error" and c.get("key") not in STRUCTURAL and c.get("expression")]
-        return []
+        paths = self._by_type.get(type_name)
+        if paths is None:
+            paths = self._by_type[type_name] = {}
+            try:
+                elements = self.spec.structure_definition(type_name).get("snapshot", {}).get("element", [])
+            except KeyError:
+                elements = []
+            for el in elements:
+                paths[el.get("path")] = [c for c in el.get("constraint", []) if c.get("severity") == "error"
+                                         and c.get("key") not in STRUCTURAL and c.get("expression")]
+        return paths.get(path, [])
 
     def _compile(self, expression: str) -> Callable[..., list]:
         fn = self._fns.get(expression)
