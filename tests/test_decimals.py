@@ -20,10 +20,10 @@ from fhirgym.fhir import FhirDecimal, dumps_json, loads_json
 DECIMAL = st.from_regex(r"-?(0|[1-9][0-9]{0,24})(\.[0-9]{1,24})?([eE][+-]?[0-9]{1,2})?", fullmatch=True)
 
 
-def _obs(text: str) -> bytes:
+def _obs(text: str, low: str | None = None) -> bytes:
     return (b'{"resourceType":"Observation","status":"final","code":{"text":"t"},'
             b'"valueQuantity":{"value":' + text.encode() + b',"unit":"mg"},'
-            b'"referenceRange":[{"low":{"value":' + text.encode() + b'}}]}')
+            b'"referenceRange":[{"low":{"value":' + (low or text).encode() + b'}}]}')
 
 
 def _value_texts(body: dict) -> list[str]:
@@ -47,23 +47,24 @@ def _find_all(data: bytes, needle: bytes) -> list[int]:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(text=DECIMAL)
-def test_any_decimal_comes_back_identical_in_process(text):
+@given(text=DECIMAL, low=DECIMAL | st.sampled_from(["1.5", "1e+16", "1e16", "0.1", "3"]))
+def test_any_decimal_comes_back_identical_in_process(text, low):
     client = new_client()
-    created = client.request("POST", "Observation", body=_obs(text))
+    created = client.request("POST", "Observation", body=_obs(text, low))
     assert created.status == 201, created.body
     rid = created.body["id"]
-    assert _value_texts(created.body) == [text, text]
-    assert _value_texts(client.read("Observation", rid).body) == [text, text]
-    assert _value_texts(client.vread("Observation", rid, 1).body) == [text, text]
+    want = [text, low]
+    assert _value_texts(created.body) == want
+    assert _value_texts(client.read("Observation", rid).body) == want
+    assert _value_texts(client.vread("Observation", rid, 1).body) == want
     hit = client.search("Observation", {"_id": rid}).body["entry"][0]["resource"]
-    assert _value_texts(hit) == [text, text]
+    assert _value_texts(hit) == want
     hist = client.history("Observation", rid).body["entry"][0]["resource"]
-    assert _value_texts(hist) == [text, text]
-    # an in-process dict body carrying the decimal as read (a FhirDecimal) keeps it through an update
+    assert _value_texts(hist) == want
+    # an in-process dict body carrying the decimals as read (FhirDecimals) keeps them through an update
     body = client.read("Observation", rid).body
     assert client.update(body).status == 200
-    assert _value_texts(client.read("Observation", rid).body) == [text, text]
+    assert _value_texts(client.read("Observation", rid).body) == want
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +94,8 @@ def test_any_decimal_comes_back_identical_over_http(live, text):
 
 def test_lexical_forms_the_issue_named():
     client = new_client()
-    for text in ("1.50", "0.010", "1.1111111111111111111", "12345678901234567890.5", "-0", "1E5", "1e-400"):
+    for text in ("1.50", "0.010", "1.1111111111111111111", "12345678901234567890.5", "-0", "1E5", "1e-400",
+                 "1e+16", "1e16", "1e-07", "1e-7", "1.5e+300", "100.0", "-0.0"):
         rid = client.request("POST", "Observation", body=_obs(text)).body["id"]
         assert _value_texts(client.read("Observation", rid).body) == [text, text]
 

@@ -58,8 +58,9 @@ class FhirDecimal(float):
 
 
 def _number(text: str) -> float | FhirDecimal:
+    """A plain float only when orjson writes it back as ``text`` (not Python's repr: 1e+16 vs 1e16)."""
     value = float(text)
-    return value if repr(value) == text else FhirDecimal(text)
+    return value if orjson.dumps(value) == text.encode() else FhirDecimal(text)
 
 
 def _integer(text: str) -> int | FhirDecimal:
