@@ -3,7 +3,8 @@
 Refactoring the server must not change what a client sees; this replays several hundred requests
 (every interaction, operation, error path, bundle and paging link) against servers with a seeded id
 generator and a frozen clock, so ids, versions and timestamps are reproducible. Only paging tokens
-(hashed from a memory address) are normalised. ``python tests/_replay.py`` records the corpus.
+are normalised (numbered in order of appearance: the corpus was recorded with opaque tokens; ours now
+carry their request). ``python tests/_replay.py`` records the corpus.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ LOINC = "http://loinc.org"
 SNOMED = "http://snomed.info/sct"
 #: bodies larger than this are stored as their sha256 (the CapabilityStatement, big pages)
 INLINE = 20_000
-_TOKEN_RE = re.compile(r"_getpages=([0-9a-f]{24})")
+#: paging tokens: ours, base64url of a JSON array (``[`` is "Wy") that carries the request (docs/SERVER.md),
+#: and the 24 hex digits of the opaque tokens the corpus was recorded with (one request sends such a token)
+_TOKEN_RE = re.compile(r"_getpages=(Wy[A-Za-z0-9_-]+|[0-9a-f]{24})")
 _PAGE_ID_RE = re.compile(r'("type":"searchset","id":")[0-9a-f]{16}"')
 
 Step = tuple[str, Request]

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
+import time
 
 import orjson
 import pytest
@@ -306,3 +308,50 @@ def test_search_params(seeded, rtype, query, hdrs):
         follow = server.handle(Request("GET", rtype, query, hdrs, None))
         assert follow.status == 200
         assert follow.body["resourceType"] == "Bundle"
+
+
+# -- the HTTP edges: bodies around the size limit, Connection: close, chunking, clients that go away ----------
+HTTP_LIMIT = 4096
+
+
+@pytest.fixture(scope="module")
+def http_server():
+    from _live_server import LiveServer
+
+    with LiveServer(max_body_bytes=HTTP_LIMIT) as srv:
+        yield srv
+
+
+@settings(FUZZ, max_examples=min(FUZZ.max_examples, 60))
+@given(size=st.integers(0, 6 * HTTP_LIMIT), chunked=st.booleans(), close=st.booleans(),
+       cut=st.none() | st.floats(0, 0.99))
+def test_http_bodies_around_the_limit_are_answered_or_quietly_dropped(http_server, size, chunked, close, cut):
+    """Whatever the body's size and framing, a client that sends it all gets an answer (413 beyond the
+    limit), never a reset; one that goes away mid-body leaves no traceback in the server's log."""
+    import socket
+
+    from test_http import server_log
+
+    body = b"x" * size
+    framed = (b"%x\r\n%s\r\n" % (size, body) if size else b"") + b"0\r\n\r\n" if chunked else body
+    head = ["POST /fhir/Patient HTTP/1.1", "Host: fuzz", "Content-Type: application/fhir+json",
+            "Transfer-Encoding: chunked" if chunked else f"Content-Length: {size}"]
+    if close:
+        head.append("Connection: close")
+    data = ("\r\n".join(head) + "\r\n\r\n").encode()
+    with server_log() as records:
+        with socket.create_connection(("127.0.0.1", http_server.port), timeout=10) as sock:
+            if cut is not None:
+                sock.sendall(data + framed[: int(len(framed) * cut)])
+                sock.shutdown(socket.SHUT_RDWR)
+            else:
+                sock.sendall(data + framed)
+                out = b""
+                while b"\r\n\r\n" not in out:
+                    chunk = sock.recv(65536)  # a reset raises ConnectionResetError
+                    assert chunk, f"closed without an answer after {out!r}"
+                    out += chunk
+                status = int(out.split(b" ", 2)[1])
+                assert status == 413 if size > HTTP_LIMIT else 400 <= status < 500, out[:300]
+        time.sleep(0.05)
+    assert not any(r.exc_info or r.levelno >= logging.ERROR for r in records), [r.getMessage() for r in records]

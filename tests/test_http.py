@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -336,3 +338,145 @@ def test_a_method_no_route_has_is_a_405_operation_outcome(web):
 def test_json_with_a_zero_weight_is_not_acceptable(web):
     assert_outcome(web.get("/fhir/metadata", headers={"Accept": "application/fhir+json;q=0"}), 406)
     assert web.get("/fhir/metadata", headers={"Accept": "application/fhir+json;q=0.5"}).status_code == 200
+
+
+# -- HTTP edges (issue 23): the 413 reaches every client, a disconnect is one log line, SIGTERM ends it -----------
+def raw_exchange(port: int, head: bytes, body: bytes = b"", read: bool = True) -> bytes:
+    """Send a request as raw bytes on a fresh connection and read the answer until the server closes it
+    (or 5 s pass); a reset instead of an answer raises ConnectionResetError."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(head + body)
+        if not read:
+            return b""
+        out = b""
+        with contextlib.suppress(TimeoutError):
+            while chunk := sock.recv(65536):
+                out += chunk
+                if b"\r\n\r\n" in out and b"connection: close" not in out.lower():
+                    head_end = out.index(b"\r\n\r\n") + 4
+                    length = int(next((ln.split(b":")[1] for ln in out[:head_end].lower().split(b"\r\n")
+                                       if ln.startswith(b"content-length:")), b"0"))
+                    if len(out) >= head_end + length:
+                        break
+        return out
+
+
+def post_head(size: int | None, *extra: str, path: str = "/fhir/Patient") -> bytes:
+    lines = [f"POST {path} HTTP/1.1", "Host: test", f"Content-Type: {FHIR_JSON}"]
+    lines.append(f"Content-Length: {size}" if size is not None else "Transfer-Encoding: chunked")
+    return ("\r\n".join([*lines, *extra]) + "\r\n\r\n").encode()
+
+
+def test_a_413_reaches_a_client_that_sends_connection_close(live):
+    body = b"x" * (LIMIT * 2)
+    for extra in (("Connection: close",), ()):
+        out = raw_exchange(live.port, post_head(len(body), *extra), body)
+        assert out.startswith(b"HTTP/1.1 413"), out[:200]
+        assert b"too-costly" in out
+    chunked = b"".join(b"%x\r\n%s\r\n" % (1000, b"y" * 1000) for _ in range(LIMIT // 1000 + 2)) + b"0\r\n\r\n"
+    out = raw_exchange(live.port, post_head(None, "Connection: close"), chunked)
+    assert out.startswith(b"HTTP/1.1 413"), out[:200]
+
+
+def test_a_413_leaves_a_keep_alive_connection_usable_after_the_body_is_read(live):
+    import socket
+
+    body = b"x" * (LIMIT * 2)
+    with socket.create_connection(("127.0.0.1", live.port), timeout=5) as sock:
+        sock.sendall(post_head(len(body)) + body + b"GET /fhir/metadata HTTP/1.1\r\nHost: test\r\n\r\n")
+        out = b""
+        while out.count(b"HTTP/1.1 ") < 2 or b'"fhirVersion"' not in out:
+            chunk = sock.recv(65536)
+            assert chunk, out[:300]
+            out += chunk
+    assert out.startswith(b"HTTP/1.1 413") and b"HTTP/1.1 200" in out
+
+
+def test_a_body_far_over_the_limit_is_refused_before_it_is_sent(live):
+    """Beyond four times the limit (or when the client waits for 100 Continue) the body is not worth reading:
+    the 413 goes out at once and the connection closes."""
+    for extra in (("Expect: 100-continue",), ()):
+        out = raw_exchange(live.port, post_head(LIMIT * 100, *extra))
+        assert out.startswith(b"HTTP/1.1 413"), out[:200]
+        assert b"connection: close" in out.lower()
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextlib.contextmanager
+def server_log():
+    """Every record the server side logs (uvicorn's and fhirgym's loggers), INFO and up."""
+    handler = _Records()
+    loggers = [logging.getLogger(n) for n in ("uvicorn", "uvicorn.error", "fhirgym.fhir")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(handler)
+        lg.setLevel(logging.INFO)
+    try:
+        yield handler.records
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.removeHandler(handler)
+            lg.setLevel(level)
+
+
+def test_a_client_that_disconnects_mid_body_is_one_quiet_log_line(live):
+    before = live.server.store.counts()
+    with server_log() as records:
+        raw_exchange(live.port, post_head(LIMIT - 10), b'{"resourceType": "Pat', read=False)
+        deadline = time.monotonic() + 5
+        while not records and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert [r.getMessage() for r in records] == ["client disconnected while sending the body of POST /fhir/Patient"]
+    assert not any(r.exc_info for r in records)
+    assert live.server.store.counts() == before
+
+
+@pytest.mark.slow
+def test_sigterm_ends_a_busy_server_within_seconds(tmp_path):
+    """A batch of 30,000 searches (about ten seconds of work) is running, with no request time limit: SIGTERM
+    still ends the process in a few seconds (the running request stops at its next check)."""
+    sock = bound_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    base = f"http://127.0.0.1:{port}/fhir"
+    proc = subprocess.Popen([sys.executable, "-m", "fhirgym.cli", "serve", "--port", str(port),
+                             "--limit", "request_timeout=none"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode()
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{base}/metadata", timeout=2).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "fhirgym serve did not become ready"
+            time.sleep(0.1)
+        batch = {"resourceType": "Bundle", "type": "batch",
+                 "entry": [{"request": {"method": "GET", "url": f"Patient?name=n{k}"}} for k in range(30_000)]}
+        def send() -> None:
+            with contextlib.suppress(httpx.HTTPError):  # the server goes away under it
+                httpx.post(base, content=orjson.dumps(batch), headers={"Content-Type": FHIR_JSON}, timeout=60)
+
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        time.sleep(1.5)
+        assert httpx.get(f"{base}/metadata", timeout=5).status_code == 200  # served beside the batch
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+        assert time.monotonic() - start < 6
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()

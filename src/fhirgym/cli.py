@@ -26,25 +26,63 @@ def main() -> None:
 @click.option("--lenient", is_flag=True, help="Ignore unknown search parameters by default (strict otherwise).")
 @click.option("--no-referential-integrity", is_flag=True, help="Accept references to resources that do not exist.")
 @click.option("--admin", is_flag=True, help="Expose POST /admin/snapshot and /admin/reset (off by default).")
+@click.option("--limit", "limits", multiple=True, metavar="NAME=VALUE",
+              help="Set a server limit (repeatable): max_body_bytes, max_bundle_entries, max_response_bytes, "
+                   "request_timeout (seconds, 'none': no limit), max_cascade_delete, max_count, page_cache_ids; "
+                   "see docs/SERVER.md.")
 def serve(host: str, port: int, db: Path | None, base: Path | None, demo: bool, lenient: bool,
-          no_referential_integrity: bool, admin: bool) -> None:
+          no_referential_integrity: bool, admin: bool, limits: tuple[str, ...]) -> None:
     """Run the embedded FHIR R4 server (base URL http://HOST:PORT/fhir)."""
-    import uvicorn
+    import tempfile
 
-    from .fhir import FhirServer, ServerConfig, Store, create_app
+    from .fhir import FhirServer, ServerConfig, Store, run_server
 
+    config = ServerConfig(base_url=f"http://{host}:{port}/fhir", lenient_search=lenient,
+                          referential_integrity=not no_referential_integrity, **_limits(limits))
     if demo:
         from .world import build_world
 
         click.echo("preparing the demo world (10 patients; built once, then cached) ...", err=True)
         base = build_world(seed=42, patients=10).path
-    store = Store(base=base, path=db)
-    config = ServerConfig(base_url=f"http://{host}:{port}/fhir", lenient_search=lenient,
-                          referential_integrity=not no_referential_integrity)
-    server = FhirServer(store, config=config)
-    counts = store.counts()
-    click.echo(f"fhirgym FHIR R4 server on {config.base_url} ({sum(counts.values())} resources)", err=True)
-    uvicorn.run(create_app(server, admin=admin), host=host, port=port, log_level="warning")
+    with tempfile.TemporaryDirectory(prefix="fhirgym-serve-") as scratch:
+        # without --db the data is still gone at exit, but kept in a scratch file rather than in memory: a
+        # file layer lets reads run beside a long write (each on its own connection). --admin's snapshots
+        # and resets need the in-memory layer.
+        path = db if db is not None or admin else Path(scratch) / "layer.db"
+        store = Store(base=base, path=path)
+        server = FhirServer(store, config=config)
+        counts = store.counts()
+        click.echo(f"fhirgym FHIR R4 server on {config.base_url} ({sum(counts.values())} resources)", err=True)
+        try:
+            run_server(server, host, port, admin=admin)
+        finally:
+            store.close()
+
+
+_LIMITS = {"max_body_bytes": int, "max_bundle_entries": int, "max_response_bytes": int, "request_timeout": float,
+           "max_cascade_delete": int, "max_count": int, "page_cache_ids": int, "default_count": int,
+           "max_includes": int}
+
+
+def _limits(pairs: tuple[str, ...]) -> dict:
+    """``--limit NAME=VALUE`` options as ServerConfig fields (a clear error for anything else)."""
+    out: dict = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or name not in _LIMITS:
+            raise click.BadParameter(f"{pair!r}: expected NAME=VALUE with NAME one of {', '.join(_LIMITS)}",
+                                     param_hint="--limit")
+        if name == "request_timeout" and value.lower() == "none":
+            out[name] = None
+            continue
+        try:
+            number = _LIMITS[name](value)
+        except ValueError:
+            raise click.BadParameter(f"{pair!r}: {value!r} is not a number", param_hint="--limit") from None
+        if number <= 0:
+            raise click.BadParameter(f"{pair!r}: must be positive", param_hint="--limit")
+        out[name] = number
+    return out
 
 
 @main.group()

@@ -11,7 +11,7 @@ A world is a read-only SQLite *base*; ``Snapshot(base).open()`` gives an isolate
 about a millisecond, and ``store.reset(snapshot)`` returns it to that state.
 """
 
-from ._asgi import create_app
+from ._asgi import create_app, run_server
 from ._client import FhirClient, HttpClient, InProcessClient, TransportError
 from ._core import ServerConfig
 from ._errors import FhirError, Issue, operation_outcome
@@ -45,4 +45,5 @@ __all__ = [
     "loads_json",
     "operation_outcome",
     "rewrite_references",
+    "run_server",
 ]

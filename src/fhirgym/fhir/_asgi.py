@@ -2,18 +2,32 @@
 
 The FHIR API is served under ``/fhir``. Admin operations (snapshot, reset) exist only when the app is
 built with ``admin=True`` and live under a separate ``/admin`` prefix, never under the FHIR base.
-Requests are served on the event loop, not in a thread: the server answers one at a time anyway (one
-SQLite connection behind a lock), and a hop to a thread and back cost about 1 ms per request here
-(``Condition?patient`` over HTTP 2.5 → 2.9 ms p50; a chained search's p95 about 8 → 34 ms).
+Each request is served (and its response serialised) in a worker thread, not on the event loop: a long
+request must not stop the server from accepting and answering others (a GET on a file-backed store runs
+beside a long write, see :meth:`FhirServer.handle`), nor from hearing SIGTERM. That is the price of the
+hop to a thread and back, measured when requests were moved onto the loop: ``Condition?patient`` over
+HTTP p50 2.9 ms instead of 2.5, a chained search's p95 34 ms instead of 8. Against it: a small read's p95
+while another client writes, 37 ms instead of 15.8 s (``bench/bench_fairness.py``, docs/SERVER.md).
+
+HTTP edges: a body over ``max_body_bytes`` is read to its end and dropped before the 413 is sent (up to
+four times the limit; beyond that, or with ``Expect: 100-continue``, the 413 goes out at once with
+``Connection: close``), so a client that is still sending sees the 413 and not a reset; a client that
+disconnects while sending is one log line.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator
 from urllib.parse import parse_qsl
 
+import anyio.to_thread
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 from starlette.responses import Response as HttpResponse
 from starlette.routing import Route
@@ -22,6 +36,15 @@ from ._errors import FhirError, Issue, operation_outcome
 from ._http import FHIR_JSON, Request, Response
 from ._json import dumps
 from ._server import FhirServer
+
+log = logging.getLogger("fhirgym.fhir")
+
+#: a body over the limit is still read (and dropped) up to this many times the limit, so that the client
+#: sees the 413; a larger one is not worth receiving: the connection is closed after the 413
+_DRAIN_FACTOR = 4
+#: worker threads for requests other than GET: they take turns on the store anyway, and must not take all of
+#: the threads that GETs, which run beside them, need
+_WRITE_THREADS = 4
 
 
 def _render(resp: Response, pretty: bool = False) -> HttpResponse:
@@ -39,15 +62,30 @@ def create_app(server: FhirServer, admin: bool = False) -> Starlette:
 
     async def read_body(request: HttpRequest) -> bytes:
         declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > limit:
-            raise FhirError(413, f"Body of {declared} bytes exceeds the limit of {limit}", "too-costly")
+        size = int(declared) if declared and declared.isdigit() else None
+        if size is not None and size > limit:
+            refusal = FhirError(413, f"Body of {declared} bytes exceeds the limit of {limit}", "too-costly")
+            if size > _DRAIN_FACTOR * limit or request.headers.get("expect", "").lower() == "100-continue":
+                refusal.headers["Connection"] = "close"  # not worth (or not yet) sent: no reading it
+            else:
+                await _drain(request.stream())
+            raise refusal
         chunks, size = [], 0
-        async for chunk in request.stream():
+        stream = request.stream()
+        async for chunk in stream:
             size += len(chunk)
             if size > limit:
-                raise FhirError(413, f"Body exceeds the limit of {limit} bytes", "too-costly")
+                refusal = FhirError(413, f"Body exceeds the limit of {limit} bytes", "too-costly")
+                if not await _drain(stream, _DRAIN_FACTOR * limit - size):
+                    refusal.headers["Connection"] = "close"
+                raise refusal
             chunks.append(chunk)
         return b"".join(chunks)
+
+    writers: list[anyio.CapacityLimiter] = []
+
+    def serve(req: Request, pretty: bool) -> HttpResponse:
+        return _render(server.handle(req), pretty)
 
     async def fhir(request: HttpRequest) -> HttpResponse:
         query = parse_qsl(request.url.query, keep_blank_values=True)
@@ -60,6 +98,9 @@ def create_app(server: FhirServer, admin: bool = False) -> Starlette:
             body = await read_body(request) if request.method in ("POST", "PUT", "PATCH") else None
         except FhirError as err:
             return _render(Response(err.status, err.outcome(), err.headers))
+        except ClientDisconnect:  # nobody is left to answer: one line, no traceback
+            log.info("client disconnected while sending the body of %s %s", request.method, request.url.path)
+            return HttpResponse(status_code=400)
         req = Request(
             method="GET" if request.method == "HEAD" else request.method,  # HEAD: GET's headers, no body
             path=request.path_params.get("path", ""),
@@ -68,23 +109,31 @@ def create_app(server: FhirServer, admin: bool = False) -> Starlette:
             body=body,
             raw=not pretty,  # orjson serialises the answer: stored JSON is spliced in, not re-parsed
         )
-        return _render(server.handle(req), pretty)
+        if req.method == "GET":
+            return await anyio.to_thread.run_sync(serve, req, pretty)
+        if not writers:  # made inside the event loop, on the first write
+            writers.append(anyio.CapacityLimiter(_WRITE_THREADS))
+        return await anyio.to_thread.run_sync(serve, req, pretty, limiter=writers[0])
 
     async def admin_op(request: HttpRequest) -> HttpResponse:
         op = request.path_params["op"]
         if request.method != "POST":
             return _render(Response(405, operation_outcome([Issue("error", "not-supported", "POST only")])))
-        try:
-            if op == "reset":
-                server.store.reset(server.admin_snapshot)
-                return _render(Response(200, operation_outcome([Issue("information", "informational", "reset done")])))
-            if op == "snapshot":
-                server.admin_snapshot = server.store.snapshot()
-                return _render(Response(200, operation_outcome([Issue("information", "informational",
-                                                                      "snapshot taken")])))
-        except (ValueError, RuntimeError) as exc:  # e.g. a file-backed store (--db) has no snapshots
-            return _render(Response(409, operation_outcome([Issue("error", "not-supported", f"{op}: {exc}")])))
-        return _render(Response(404, operation_outcome([Issue("error", "not-found", f"unknown admin operation {op}")])))
+        return _render(await anyio.to_thread.run_sync(admin_action, op))
+
+    def admin_action(op: str) -> Response:
+        """Between requests (under the server's lock), in a worker thread like them."""
+        with server._lock:
+            try:
+                if op == "reset":
+                    server.store.reset(server.admin_snapshot)
+                    return Response(200, operation_outcome([Issue("information", "informational", "reset done")]))
+                if op == "snapshot":
+                    server.admin_snapshot = server.store.snapshot()
+                    return Response(200, operation_outcome([Issue("information", "informational", "snapshot taken")]))
+            except (ValueError, RuntimeError) as exc:  # e.g. a file-backed store (--db) has no snapshots
+                return Response(409, operation_outcome([Issue("error", "not-supported", f"{op}: {exc}")]))
+        return Response(404, operation_outcome([Issue("error", "not-found", f"unknown admin operation {op}")]))
 
     async def not_fhir(request: HttpRequest) -> HttpResponse:
         return _render(
@@ -113,6 +162,38 @@ def create_app(server: FhirServer, admin: bool = False) -> Starlette:
                                                                   f"{getattr(exc, 'detail', exc)}")])))
 
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+
+
+async def _drain(stream: AsyncIterator[bytes], budget: int | None = None) -> bool:
+    """Read and drop the rest of a request's body (at most ``budget`` more bytes); whether it all came."""
+    try:
+        async for chunk in stream:
+            if budget is not None:
+                budget -= len(chunk)
+                if budget < 0:
+                    return False
+    except ClientDisconnect:
+        return False
+    return True
+
+
+def run_server(server: FhirServer, host: str, port: int, admin: bool = False, grace: float = 2.0) -> None:
+    """Serve ``server`` over HTTP until SIGINT/SIGTERM. On the signal, requests still running get
+    ``grace`` seconds, then stop at their next check (a transaction rolls back, 503), so the process
+    ends within a few seconds however busy it is."""
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: object) -> None:
+            stop = threading.Timer(grace, setattr, (server, "stopping", True))
+            stop.daemon = True
+            stop.start()
+            super().handle_exit(sig, frame)  # type: ignore[arg-type]
+
+    config = uvicorn.Config(create_app(server, admin=admin), host=host, port=port, log_level="warning",
+                            timeout_graceful_shutdown=grace + 1)
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it handled, as uvicorn.run does
+        _Server(config).run()
 
 
 def _check_path(request: HttpRequest) -> None:

@@ -9,7 +9,9 @@ no module below the router needs to import the server.
 from __future__ import annotations
 
 import random
+import sqlite3
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from ..spec import Spec, load_spec
+from ._errors import FhirError
 from ._http import Request, Response, format_instant
 from ._search import SearchEngine
 from ._store import Store
@@ -37,7 +40,19 @@ class ServerConfig:
     lenient_search: bool = False  # default handling of unknown search params (Prefer: handling=...)
     id_seed: int | None = None  # deterministic server-assigned ids when set
     clock: Callable[[], datetime] | None = None  # frozen clock for tasks; None = wall clock
-    page_cache_size: int = 512
+    #: result lists kept for paging, counted in ids (least recently used go first). A page whose list was
+    #: dropped is still served: its stateless token re-runs the request (see :mod:`._paging`)
+    page_cache_ids: int = 1_000_000
+    #: resources a ``_cascade=delete`` may delete besides its target; beyond it nothing is deleted (409)
+    max_cascade_delete: int = 10_000
+    #: entries of one batch or transaction Bundle (413 beyond)
+    max_bundle_entries: int = 50_000
+    #: stored JSON one response may carry (a page, a history, a batch of searches): beyond it that
+    #: request (or batch entry) is refused with an OperationOutcome instead of building the response
+    max_response_bytes: int = 32 * 1024 * 1024
+    #: seconds one request may run (None: no limit); beyond it it stops, a transaction rolls back, and
+    #: the rest of a batch is answered "not processed"
+    request_timeout: float | None = 30.0
     #: resources ``_include`` / ``_revinclude`` may add to one page (``:iterate`` over ``*`` can reach a
     #: whole world); beyond it the page says so in an OperationOutcome entry, as HAPI caps its includes
     max_includes: int = 1000
@@ -72,11 +87,14 @@ class ServerCore:
             self.search_engine.now = lambda: clock().timestamp()
         self._rng = random.Random(self.config.id_seed) if self.config.id_seed is not None else None
         self._last_ts = 0.0
-        #: remembered result lists by paging token (see :mod:`._paging`)
+        #: remembered result lists by paging token (see :mod:`._paging`), guarded by ``pages_lock``
         self.pages: OrderedDict[str, dict] = OrderedDict()
+        self.pages_lock = threading.Lock()
+        self.pages_held = 0  # ids in ``pages``
         self._lock = threading.RLock()
-        #: bumped by every write, so a paging token never names a result list of an older state
-        self.generation = 0
+        self._budget = threading.local()  # the running request's deadline and response bytes, per thread
+        self.stopping = False  # set on shutdown: running requests stop at their next check
+        store.interrupt = self.past_deadline
         self.capability: dict | None = None
         self.ref_cache: dict[str, tuple[str, str] | None] = {}  # reference string -> local target
         self.admin_snapshot = None  # used only by the optional admin HTTP routes
@@ -101,3 +119,53 @@ class ServerCore:
     def dispatch(self, req: Request) -> Response:
         """Route one request to its operation (raises FhirError); the route table is the server's."""
         raise NotImplementedError("a ServerCore has no routes: use FhirServer")
+
+    # -- per-request bounds: time and response size (docs/SERVER.md) ------------------------------------
+    def begin_request(self) -> tuple:
+        """Start the clock and the response budget of a request served by this thread; returns what
+        :meth:`end_request` restores (a request served inside another keeps the outer one's bounds after)."""
+        saved = (getattr(self._budget, "deadline", None), getattr(self._budget, "spent", 0))
+        timeout = self.config.request_timeout
+        self._budget.deadline = time.monotonic() + timeout if timeout is not None else None
+        self._budget.spent = 0
+        return saved
+
+    def end_request(self, saved: tuple) -> None:
+        """Outside requests (the Python API, bulk loads) there is no deadline."""
+        self._budget.deadline, self._budget.spent = saved
+
+    def past_deadline(self) -> bool:
+        """Whether the running request must stop (its time is up, or the server is shutting down); also
+        SQLite's progress handler, which interrupts a statement when it says so."""
+        if self.stopping:
+            return True
+        deadline = getattr(self._budget, "deadline", None)
+        return deadline is not None and time.monotonic() > deadline
+
+    def check_time(self) -> None:
+        """Raise the request's timeout error when it must stop (called between units of work)."""
+        if self.past_deadline():
+            raise self.timeout_error()
+
+    def timeout_error(self) -> FhirError:
+        if self.stopping:
+            return FhirError(503, "The server is shutting down; the request was not completed", "transient")
+        return FhirError(408, f"The request ran longer than the server's limit of {self.config.request_timeout} s "
+                              "(request_timeout); nothing of an unfinished transaction was kept. Ask for less "
+                              "(smaller Bundles, _count, fewer includes)", "timeout")
+
+    def as_timeout(self, exc: BaseException) -> FhirError | None:
+        """The timeout error when ``exc`` is SQLite's interruption of a request that ran out of time."""
+        if isinstance(exc, sqlite3.OperationalError) and "interrupt" in str(exc) and self.past_deadline():
+            return self.timeout_error()
+        return None
+
+    def spend(self, nbytes: int) -> None:
+        """Count stored JSON a response will carry; 413-like refusal (400, too-costly) past the limit."""
+        spent = getattr(self._budget, "spent", 0) + nbytes
+        self._budget.spent = spent
+        limit = self.config.max_response_bytes
+        if spent > limit:
+            raise FhirError(400, f"The response would exceed the server's limit of {limit} bytes "
+                                 "(max_response_bytes); ask for less (_count, _elements, fewer includes or Bundle "
+                                 "entries)", "too-costly")

@@ -8,6 +8,7 @@ the table in :mod:`._routes`, the interactions live in ``ops/``, writes in :mod:
 
 from __future__ import annotations
 
+import copy
 import logging
 
 from . import _bulk, _routes
@@ -25,15 +26,34 @@ class FhirServer(ServerCore):
     """An R4 server over one :class:`Store`. Thread-safe (the store serialises access)."""
 
     def handle(self, req: Request) -> Response:
-        """Serve one request; never raises."""
+        """Serve one request; never raises. Within ``request_timeout`` seconds and ``max_response_bytes``.
+
+        Writes (and everything but GET) take turns on the store's connection. A GET on a store with
+        :attr:`~._store.Store.concurrent_reads` runs on this thread's own read connection instead, so it
+        is served while a long write runs (it sees what was committed when it began)."""
+        saved = self.begin_request()
         try:
+            if req.method == "GET" and self.store.concurrent_reads:
+                view = copy.copy(self)
+                view.store = self.store.reader()
+                resp = self._serve(view, req)
+                self.capability = self.capability or view.capability  # computed once, kept by the server
+                return resp
             with self._lock:
-                return self.dispatch(req)
+                return self._serve(self, req)
+        finally:
+            self.end_request(saved)
+
+    def _serve(self, core: ServerCore, req: Request) -> Response:
+        try:
+            return core.dispatch(req)
         except FhirError as err:
             return Response(err.status, err.outcome(), dict(err.headers))
         except RecursionError:
             return Response(400, operation_outcome([Issue("error", "too-costly", "Request nested too deeply")]))
         except Exception as exc:  # a bug: still answer with an OperationOutcome, and log it
+            if (timeout := self.as_timeout(exc)) is not None:  # SQLite interrupted a request out of time
+                return Response(timeout.status, timeout.outcome())
             log.exception("internal error serving %s %s", req.method, req.path)
             return Response(500, operation_outcome([Issue("fatal", "exception", f"Internal error: {exc!r}")]))
 

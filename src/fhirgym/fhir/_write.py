@@ -128,8 +128,8 @@ def record(server: ServerCore, rtype: str, rid: str, version: int, method: str, 
 
 
 def store(server: ServerCore, rec: Record) -> None:
+    server.check_time()
     server.store.write([rec])
-    server.generation += 1
 
 
 def create(server: ServerCore, rtype: str, body: dict, rid: str | None = None, pending: set | None = None) -> Record:
@@ -176,8 +176,10 @@ def delete(server: ServerCore, rtype: str, rid: str, if_match: int | None = None
            deleting: set[tuple[str, str]] | None = None, check_referrers: bool = True) -> Record | None:
     """Delete (a new 'deleted' version). 409 if others reference it, unless cascading.
 
-    ``check_referrers=False``: the caller checks the final state instead (a transaction, whose other
-    entries may drop their references to this resource)."""
+    ``cascade``: every resource that references it, directly or through others, is deleted too, all in
+    one write (the caller's transaction); or nothing is, when that would be more than
+    ``ServerConfig.max_cascade_delete`` resources. ``check_referrers=False``: the caller checks the final
+    state instead (a transaction, whose other entries may drop their references to this resource)."""
     cur = server.store.current(rtype, rid)
     if cur is None or cur[2]:
         if if_match is not None:
@@ -188,23 +190,59 @@ def delete(server: ServerCore, rtype: str, rid: str, if_match: int | None = None
                         "conflict")
     deleting = deleting if deleting is not None else set()
     deleting.add((rtype, rid))
+    doomed = [(rtype, rid, cur[0])]
     if server.config.referential_integrity and check_referrers:
-        referrers = [r for r in server.store.referrers(rtype, rid, limit=1000) if r not in deleting]
-        if referrers and not cascade:
-            names = ", ".join(f"{t}/{i}" for t, i in referrers[:5])
-            more = f" and {len(referrers) - 5} more" if len(referrers) > 5 else ""
-            raise FhirError(
-                409,
-                f"Cannot delete {rtype}/{rid}: it is referenced by {names}{more}. "
-                "Delete those first, or pass _cascade=delete.",
-                "conflict",
-            )
-        for t, i in referrers:
-            if (t, i) not in deleting:
-                delete(server, t, i, cascade=True, deleting=deleting)
-    rec = record(server, rtype, rid, cur[0] + 1, "DELETE", None)
-    store(server, rec)
-    return rec
+        if cascade:
+            doomed = _referrers_closure(server, rtype, rid, cur[0], deleting)
+        else:
+            referrers = [r for r in server.store.referrers(rtype, rid, limit=1000) if r not in deleting]
+            if referrers:
+                names = ", ".join(f"{t}/{i}" for t, i in referrers[:5])
+                more = f" and {len(referrers) - 5} more" if len(referrers) > 5 else ""
+                raise FhirError(
+                    409,
+                    f"Cannot delete {rtype}/{rid}: it is referenced by {names}{more}. "
+                    "Delete those first, or pass _cascade=delete.",
+                    "conflict",
+                )
+    records = [record(server, t, i, version + 1, "DELETE", None) for t, i, version in doomed]
+    server.check_time()
+    server.store.write(records)
+    return records[-1]
+
+
+def _referrers_closure(server: ServerCore, rtype: str, rid: str, version: int, deleting: set[tuple[str, str]]
+                       ) -> list[tuple[str, str, int]]:
+    """(type, id, current version) of rtype/rid and of every live resource that references it, directly or
+    through others: each after what references it (depth first, with a stack of its own, so a chain of
+    any depth is fine); ``deleting`` grows by them. 409 beyond ``max_cascade_delete``: a cascade is complete
+    or does not happen."""
+    limit = server.config.max_cascade_delete
+    out: list[tuple[str, str, int]] = []
+    found = 0
+    stack = [((rtype, rid, version), iter(server.store.referrers(rtype, rid, limit=None)))]
+    while stack:
+        node, referrers = stack[-1]
+        for ref in referrers:
+            if ref in deleting:
+                continue
+            cur = server.store.current(*ref)
+            if cur is None or cur[2]:
+                continue
+            deleting.add(ref)
+            found += 1
+            if found > limit:
+                raise FhirError(
+                    409, f"Cannot delete {rtype}/{rid} with _cascade=delete: it would delete more than "
+                         f"{limit} other resources (the server's max_cascade_delete; raise it, e.g. "
+                         f"`fhirgym serve --limit max_cascade_delete=N`, or delete the referrers in parts). "
+                         "Nothing was deleted.", "too-costly")
+            stack.append(((*ref, cur[0]), iter(server.store.referrers(*ref, limit=None))))
+            break
+        else:
+            stack.pop()
+            out.append(node)
+    return out
 
 
 def conditional_match(server: ServerCore, rtype: str, query: str) -> list[str]:

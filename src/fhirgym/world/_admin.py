@@ -868,7 +868,7 @@ def _appointments(ctx: WorldContext, b: _Builder, patients: list[_Patient], doct
     living = [p for p in patients if p.living]
     # several patients with 2-3 future appointments (different doctors, exactly one on a Monday),
     # so "cancel the nearest / the Monday one / the one with Dr X" each name a single appointment
-    multi = set(map(id, rng.sample(living, min(len(living), max(2, round(0.15 * len(living)))))))
+    multi = set(map(id, rng.sample(living, min(len(living), max(7, round(0.15 * len(living)))))))
     for p in living:
         home = p.home
         assert home is not None
@@ -905,7 +905,7 @@ def _appointments(ctx: WorldContext, b: _Builder, patients: list[_Patient], doct
         recent = [a for a in done if a["start"][:10] == last]
         for a in [a for a in recent if rng.random() < 0.4] or [max(recent, key=lambda a: a["start"])]:
             a["status"] = "arrived"
-    waiting = rng.sample(living, min(len(living), max(2, round(0.1 * len(living)))))
+    waiting = rng.sample(living, min(len(living), max(5, round(0.1 * len(living)))))
     for p in waiting:
         bk.waitlist(p, bk.pick_doctor(p))
     # one duplicate entry, marked entered-in-error (same patient, same slot as a real booking)
@@ -1036,7 +1036,7 @@ def _ensure_variety(plans: list[_InsurancePlan]) -> None:
         return pl.insured and pl.patient.age < 65 and (pl.patient.married or pl.patient.age < 26)
 
     for pl in sorted((pl for pl in plans if not pl.relatives), key=lambda pl: (not pl.patient.married, pl.patient.age)):
-        if sum(bool(q.relatives) for q in plans) >= 2:  # two needs below each want a RelatedPerson
+        if sum(bool(q.relatives) for q in plans) >= 4:  # the needs below want four with a RelatedPerson
             break
         add_relative(pl)
     if not any(pl.insured and pl.subscriber != "self" for pl in plans):
@@ -1053,9 +1053,13 @@ def _ensure_variety(plans: list[_InsurancePlan]) -> None:
     claim(lambda pl: not pl.insured and not pl.relatives, [pl for pl in plain if pl.subscriber == "self"], uninsure)
     claim(lambda pl: pl.insured and not pl.account and not pl.relatives, [pl for pl in plain if pl.insured],
           drop_account)
-    claim(lambda pl: pl.account and pl.guarantor in pl.relatives, with_relatives, related_guarantor)
-    claim(lambda pl: pl.account and pl.guarantor is None and bool(pl.relatives), with_relatives, set_account(None))
-    claim(lambda pl: pl.account and pl.guarantor == "patient", adults, set_account("patient"))
+    related = (lambda pl: pl.account and pl.guarantor in pl.relatives, with_relatives, related_guarantor)
+    unguaranteed = (lambda pl: pl.account and pl.guarantor is None and bool(pl.relatives), with_relatives,
+                    set_account(None))
+    patient = (lambda pl: pl.account and pl.guarantor == "patient", adults, set_account("patient"))
+    # more than once, so that even the smallest world has four accounts with one guarantor (and two without)
+    for need in (related, unguaranteed, patient, related, unguaranteed, patient):
+        claim(*need)
 
 
 def _related_person(ctx: WorldContext, b: _Builder, rng: random.Random, p: _Patient, kind: str) -> dict:

@@ -39,7 +39,7 @@ from ._context import WorldContext
 from ._synthea import repair_bundle, synthea_bundles
 
 #: Bump whenever any generator's output changes: cached worlds of older versions are not reused.
-GENERATOR_VERSION = 6
+GENERATOR_VERSION = 7
 DEFAULT_ANCHOR = date(2025, 6, 2)  # a Monday
 #: Synthea resource types not kept in a world: billing artefacts no task uses (a fifth of the data and
 #: of the build time), and Synthea's lifelong Coverages, which only those artefacts refer to; the

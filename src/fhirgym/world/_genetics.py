@@ -193,14 +193,15 @@ def _living(ctx: WorldContext, min_age: int) -> list[dict]:
 def _genetics(ctx: WorldContext, directory: Directory, index: PatientIndex) -> list[dict]:
     rng = ctx.rng("genetics")
     eligible = _living(ctx, 18) or _living(ctx, 0)
-    count = min(len(eligible), max(3, round(GENETIC_SHARE * len(ctx.patients()))))
+    count = min(len(eligible), max(6, round(GENETIC_SHARE * len(ctx.patients()))))
     if not count:
         return []
     chosen = sorted(rng.sample(eligible, count), key=eligible.index)
-    # the first three cover every state; the rest are drawn
-    states = ["final", "preliminary", "pending"]
+    # the first six cover every state, four of them with a report (so that even the smallest world has
+    # enough reported orders to vary the tasks' gold over seeds); the rest are drawn
+    states = ["final", "preliminary", "pending", "final", "preliminary", "final"][:count]
     rng.shuffle(states)
-    states += rng.choices(["final", "preliminary", "pending"], weights=[5, 2, 3], k=max(0, count - 3))
+    states += rng.choices(["final", "preliminary", "pending"], weights=[5, 2, 3], k=max(0, count - 6))
     work = _Workup(ctx, rng, directory, index)
     out: list[dict] = [work.lab] if work.new_lab else []
     for patient, state in zip(chosen, states):

@@ -21,7 +21,6 @@ from .._refs import rewrite_references
 
 _ORDER = {"DELETE": 0, "POST": 1, "PUT": 2, "PATCH": 2, "GET": 3, "HEAD": 3}
 _STATUS_TEXT = {200: "200 OK", 201: "201 Created", 204: "204 No Content", 404: "404 Not Found", 410: "410 Gone"}
-MAX_ENTRIES = 50_000
 #: ``Bundle.entry.request`` elements that hold a header's value (a non-empty string)
 _HEADER_FIELDS = ("ifNoneExist", "ifMatch", "ifNoneMatch", "ifModifiedSince")
 
@@ -42,7 +41,7 @@ def _entry_error(n: int, err: FhirError) -> FhirError:
     return FhirError(err.status, issues[0].diagnostics, issues[0].code, issues[0].expression, issues=issues)
 
 
-def _parse_entries(bundle: dict, base: str) -> list[tuple[int, dict, str, str, dict | None]]:
+def _parse_entries(bundle: dict, base: str, max_entries: int) -> list[tuple[int, dict, str, str, dict | None]]:
     if bundle.get("resourceType") != "Bundle":
         raise bad_request("POST to the base URL expects a Bundle of type batch or transaction", "invalid",
                           ("resourceType",))
@@ -52,8 +51,9 @@ def _parse_entries(bundle: dict, base: str) -> list[tuple[int, dict, str, str, d
     entries = bundle.get("entry", [])
     if not isinstance(entries, list):
         raise bad_request("Bundle.entry must be a list", "structure", ("Bundle.entry",))
-    if len(entries) > MAX_ENTRIES:
-        raise FhirError(413, f"Bundle has {len(entries)} entries; the limit is {MAX_ENTRIES}", "too-costly")
+    if len(entries) > max_entries:
+        raise FhirError(413, f"Bundle has {len(entries)} entries; the server's limit is {max_entries} "
+                             "(max_bundle_entries): send it in parts", "too-costly")
     out = []
     for n, entry in enumerate(entries):
         if not isinstance(entry, dict):
@@ -109,7 +109,7 @@ def post(server: ServerCore, req: Request) -> Response:
 
 
 def process_bundle(server: ServerCore, bundle: dict) -> Response:
-    entries = _parse_entries(bundle, server.base)
+    entries = _parse_entries(bundle, server.base, server.config.max_bundle_entries)
     if bundle["type"] == "batch":
         return Response(200, _batch(server, entries))
     # references are rewritten in place: work on copies, never on the caller's (in-process) objects
@@ -134,6 +134,7 @@ def _transaction(server: ServerCore, entries: list) -> dict:
     deleted: dict[tuple[str, str], int] = {}  # what this transaction deletes -> its entry
     for n, entry, method, url, _resource in entries:
         if method == "DELETE":
+            server.check_time()
             try:
                 key = _delete_target(server, url)
                 if key in deleted:
@@ -154,6 +155,7 @@ def _transaction(server: ServerCore, entries: list) -> dict:
     plans: dict[int, tuple] = {}
     pending: set[tuple[str, str]] = set()
     for n, entry, method, url, resource in entries:
+        server.check_time()
         try:
             _path, segs, query = _split_url(url)
             full_url = entry.get("fullUrl")
@@ -228,6 +230,7 @@ def _transaction(server: ServerCore, entries: list) -> dict:
     for n, entry, method, url, resource in sorted(entries, key=lambda e: (_ORDER[e[2]], e[0])):
         if n in responses:  # a DELETE, done in step 0
             continue
+        server.check_time()
         try:
             responses[n] = _execute(server, n, entry, method, url, resource, plans.get(n), pending)
         except FhirError as err:
@@ -303,6 +306,10 @@ def _written(server: ServerCore, rec, status: int) -> dict:
 def _batch(server: ServerCore, entries: list) -> dict:
     out = []
     for n, entry, method, url, resource in entries:
+        if server.past_deadline():  # out of time: the rest is answered, not done (what is done stays done)
+            err = _entry_error(n, server.timeout_error())
+            out.append({"response": {"status": str(err.status), "outcome": err.outcome()}})
+            continue
         path, _segs, query = _split_url(url)
         headers = {}
         req_info = entry["request"]
@@ -317,6 +324,9 @@ def _batch(server: ServerCore, entries: list) -> dict:
             out.append({"response": {"status": str(err.status), "outcome": _entry_error(n, err).outcome()}})
             continue
         except Exception as exc:  # a bug: the entries done so far stay done, so the batch-response must come back
+            if (timeout := server.as_timeout(exc)) is not None:
+                out.append({"response": {"status": str(timeout.status), "outcome": _entry_error(n, timeout).outcome()}})
+                continue
             log.exception("internal error in Bundle.entry[%d] of a batch", n)
             out.append({"response": {"status": "500", "outcome": operation_outcome(
                 [Issue("fatal", "exception", f"Bundle.entry[{n}]: internal error: {exc!r}")])}})

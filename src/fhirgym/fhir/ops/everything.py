@@ -7,14 +7,13 @@ from .._core import ServerCore
 from .._errors import bad_request
 from .._http import Request, Response, json_body, operation_params, since
 from .._json import loads
-from .._paging import count, page_url, remember, self_url
+from .._paging import count, page_url, remember, self_url, watermark
 from .._search import non_negative_int
 from .read import current
 from .search import by_type
 
 
 def everything(server: ServerCore, req: Request, pid: str) -> Response:
-    spec, engine, store = server.spec, server.search_engine, server.store
     current(server, "Patient", pid)  # 404 / 410 as for a read
     pairs = list(req.query)
     if req.body:  # POST: a Parameters body means the same as the query parameters
@@ -23,6 +22,17 @@ def everything(server: ServerCore, req: Request, pid: str) -> Response:
             raise bad_request("POST $everything takes a Parameters body", "invalid", ("resourceType",))
         params = body.get("parameter", [])
         pairs += operation_params(params if isinstance(params, list) else [params])
+    state, mark = everything_state(server, pid, pairs, req.query)
+    token = remember(server, state, "e", [pid, pairs, req.query], mark)
+    return Response(200, render_everything(server, token, state, 0))
+
+
+def everything_state(server: ServerCore, pid: str, pairs: list[tuple[str, str]], self_query: list[tuple[str, str]]
+                     ) -> tuple[dict, str]:
+    """The resources of a patient's ``$everything`` (``pairs``: its parameters), with the store's watermark."""
+    spec, engine, store = server.spec, server.search_engine, server.store
+    mark = watermark(store)
+    current(server, "Patient", pid)
     q = dict(pairs)
     unknown = set(q) - {"_count", "_type", "_since", "_format", "_pretty"}
     if unknown:
@@ -54,7 +64,7 @@ def everything(server: ServerCore, req: Request, pid: str) -> Response:
     state = {
         "rtype": "Patient", "ids": [], "count": 0, "include": [], "revinclude": [], "summary": None,
         "elements": None, "total": "accurate", "ignored": [],
-        "self": self_url(server, f"Patient/{pid}/$everything", req.query),
+        "self": self_url(server, f"Patient/{pid}/$everything", self_query),
     }
     all_refs = found + referenced
     if since_ts is not None:  # only what changed since then (the patient too), in the same order
@@ -64,8 +74,7 @@ def everything(server: ServerCore, req: Request, pid: str) -> Response:
     size = count(server, non_negative_int(q["_count"], "_count") if "_count" in q else None)
     state["everything"] = all_refs
     state["count"] = size
-    token = remember(server, state, [*list(q.items()), ("$everything", pid)])
-    return Response(200, render_everything(server, token, state, 0))
+    return state, mark
 
 
 def render_everything(server: ServerCore, token: str, state: dict, offset: int) -> dict:
@@ -74,11 +83,17 @@ def render_everything(server: ServerCore, token: str, state: dict, offset: int) 
     page = refs[offset : offset + size]
     entries = []
     bodies = {t: server.search_engine.fetch(server.store, t, ids) for t, ids in by_type(page).items()}
+    server.spend(sum(len(data) for found in bodies.values() for data in found.values()))
     for t, i in page:
         data = bodies[t].get(i)
         if data is not None:
             entries.append({"fullUrl": f"{server.base}/{t}/{i}", "resource": loads(data),
                             "search": {"mode": "match"}})
+    if state.get("changed"):
+        entries.append({"resource": {"resourceType": "OperationOutcome", "issue": [{
+            "severity": "warning", "code": "informational", "diagnostics": "The store changed since the first page, "
+            "and the list was no longer kept: this page is of $everything run again now"}]},
+            "search": {"mode": "outcome"}})
     links = [{"relation": "self", "url": state["self"]}]
     if size > 0 and offset + size < len(refs):
         links.append({"relation": "next", "url": page_url(server, token, offset + size, size)})

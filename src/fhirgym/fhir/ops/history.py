@@ -21,7 +21,17 @@ def type_history(server: ServerCore, req: Request, rtype: str) -> Response:
 
 
 def history(server: ServerCore, req: Request, rtype: str | None, rid: str | None) -> Response:
-    q = dict(req.query)
+    state = history_state(server, req.path, rtype, rid, req.query, None)
+    rows = state["history"]
+    upto = rows[0][3] if rows else None  # the newest entry: a re-run up to it lists the same versions
+    token = remember(server, state, "h", [req.path, rtype, rid, req.query, upto], "")
+    return Response(200, render_history(server, token, state, 0))
+
+
+def history_state(server: ServerCore, path: str, rtype: str | None, rid: str | None, query: list[tuple[str, str]],
+                  upto: str | None) -> dict:
+    """A history's versions, newest first (``upto``: only those stored at or before that instant)."""
+    q = dict(query)
     conds, args = [], []
     if rtype:
         conds.append("rtype=?")
@@ -34,6 +44,9 @@ def history(server: ServerCore, req: Request, rtype: str | None, rid: str | None
     if "_since" in q:
         conds.append("last_updated >= ?")
         args.append(since(q["_since"]))
+    if upto is not None:
+        conds.append("last_updated <= ?")
+        args.append(upto)
     unknown = set(q) - {"_since", "_count", "_format", "_pretty"}
     if unknown:
         raise bad_request(f"Unsupported _history parameter(s): {', '.join(sorted(unknown))}", "not-supported")
@@ -44,9 +57,7 @@ def history(server: ServerCore, req: Request, rtype: str | None, rid: str | None
         args * 4,
     )
     size = count(server, non_negative_int(q["_count"], "_count") if "_count" in q else None)
-    state = {"history": rows, "count": size, "self": self_url(server, req.path, req.query)}
-    token = remember(server, state, [*req.query, ("_history", req.path)])
-    return Response(200, render_history(server, token, state, 0))
+    return {"history": rows, "count": size, "self": self_url(server, path, query)}
 
 
 def render_history(server: ServerCore, token: str, state: dict, offset: int) -> dict:
@@ -56,6 +67,7 @@ def render_history(server: ServerCore, token: str, state: dict, offset: int) -> 
     for t, i, version, lu, method in rows[offset : offset + size]:
         found = server.store.version(t, i, version)
         data = found[2] if found else None
+        server.spend(len(data) if data else 0)
         entry: dict = {"fullUrl": f"{server.base}/{t}/{i}"}
         if data is not None:
             entry["resource"] = loads(data)

@@ -15,7 +15,7 @@ from .._core import ServerCore
 from .._errors import Issue, bad_request, operation_outcome
 from .._http import Request, Response, form_body
 from .._json import loads
-from .._paging import count, page_links, remember, self_url
+from .._paging import count, page_links, remember, self_url, watermark
 from .._subset import subset
 
 
@@ -44,7 +44,14 @@ def lenient(server: ServerCore, req: Request) -> bool:
 def search(server: ServerCore, rtype: str, query: list[tuple[str, str]], lenient: bool = False, raw: bool = False
            ) -> dict:
     """Search and return the searchset Bundle (first page); ``raw``: see :attr:`Request.raw`."""
+    state, mark = search_state(server, rtype, query, lenient)
+    return render_page(server, remember(server, state, "s", [rtype, query, lenient], mark), state, 0, raw)
+
+
+def search_state(server: ServerCore, rtype: str, query: list[tuple[str, str]], lenient: bool) -> tuple[dict, str]:
+    """A search's result list and what its pages need, with the store's watermark (see :mod:`.._paging`)."""
     engine = server.search_engine
+    mark = watermark(server.store)
     sreq = engine.parse(rtype, query, lenient, server.store.sides())
     ids = engine.ids(server.store, sreq)
     state = {
@@ -52,7 +59,7 @@ def search(server: ServerCore, rtype: str, query: list[tuple[str, str]], lenient
         "revinclude": sreq.revinclude, "summary": sreq.summary, "elements": sreq.elements, "total": sreq.total,
         "ignored": sreq.ignored, "self": self_url(server, rtype, query),
     }
-    return render_page(server, remember(server, state, query), state, 0, raw)
+    return state, mark
 
 
 def render_page(server: ServerCore, token: str, state: dict, offset: int, raw: bool = False) -> dict:
@@ -74,12 +81,19 @@ def render_page(server: ServerCore, token: str, state: dict, offset: int, raw: b
     bundle["link"] = page_links(server, token, state, offset, len(ids))
     entry = _entry_maker(server, state, raw)
     found = server.search_engine.fetch(server.store, rtype, page_ids)
+    server.spend(sum(map(len, found.values())))
     matched = [(rtype, i) for i in page_ids if i in found]
     entries = [entry(t, i, found[i], "match") for t, i in matched]
     included, complete = _includes(server, matched, state["include"], state["revinclude"])
+    server.spend(sum(len(data) for _t, _i, data in included))
     for t, i, data in included:
         entries.append(entry(t, i, data, "include"))
     entries.extend(ignored)
+    if state.get("changed"):
+        entries.append({"resource": operation_outcome([Issue(
+            "warning", "informational", "The store changed since the first page of this search, and its result "
+            "list was no longer kept: this page is of the search run again now, so results may have moved "
+            "between pages; repeat the search for a consistent list")]), "search": {"mode": "outcome"}})
     if not complete:
         entries.append({"resource": operation_outcome([Issue(
             "warning", "too-costly", "The _include/_revinclude results of this page are incomplete: at most "

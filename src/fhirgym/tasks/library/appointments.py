@@ -17,9 +17,10 @@ The world's traps (``world._admin``): same-name practitioner pairs (the prompt q
 specialty or city), free slots of other doctors at the very same instant, slots kept for urgent visits,
 an entered-in-error duplicate of a real booking, stale "booked" appointments earlier than now, and a
 clock (``view.now``) that falls on weekdays, weekends and late evenings. Patients are named with their
-birth date (a few patients share a name). Gold is computed from world facts cached per world file; only
-:class:`RescheduleNextMonday` adds setup (one staged booking, when no booking of the world fits the clock),
-and its gold reads that booking from its params.
+birth date (a few patients share a name). Gold is computed from world facts cached per world file;
+:class:`RescheduleNextMonday` (when no booking of the world fits the clock) and :class:`RescheduleOtherProvider`
+(always: the world's bookings with exactly one alternative are too few to vary the gold) add setup, one
+staged booking, and their gold reads it from their params.
 """
 
 from __future__ import annotations
@@ -594,6 +595,15 @@ def _reason_phrase(reason: list[str]) -> str:
             "appointment-cancellation-reason code system.")
 
 
+def _booked_first_hit_is_not(view: View, patient: str, target: str | None) -> bool | None:
+    """The distractor probe of the cancel families: None when the patient has one booked appointment only,
+    else whether the first hit of ``Appointment?patient&status=booked&_sort=date`` (earliest first, stale
+    bookings before now included) is another one than the target."""
+    hits = view.search("Appointment", {"patient": f"Patient/{patient}", "status": "booked", "_sort": "date",
+                                       "_elements": "id"})
+    return None if len(hits) < 2 else hits[0]["id"] != target
+
+
 @register
 class CancelNearestAppointment(Family):
     """The patient's next appointment among several; stale 'booked' ones before now and the
@@ -625,6 +635,10 @@ class CancelNearestAppointment(Family):
         up = _upcoming(w, params["patient_id"], view.now)
         assert up
         return _cancel_gold(w, up[0], params["reason"][0])
+
+    def distractor_probe(self, view: View, params: dict) -> bool | None:
+        up = _upcoming(_world(view), params["patient_id"], view.now) or []
+        return _booked_first_hit_is_not(view, params["patient_id"], up[0].id if up else None)
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         patient = _find_patient(tools, params)
@@ -670,6 +684,9 @@ class CancelWithProvider(Family):
         assert len(match) == 1 and match[0].id == params["appointment_id"]
         return _cancel_gold(w, match[0], params["reason"][0])
 
+    def distractor_probe(self, view: View, params: dict) -> bool | None:
+        return _booked_first_hit_is_not(view, params["patient_id"], params["appointment_id"])
+
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         patient = _find_patient(tools, params)
         prac, _ = _find_doctor(tools, params)
@@ -692,13 +709,16 @@ class CancelMondayAppointment(Family):
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         w = _world(view)
-        options = []
-        for pid, p in sorted(w.patients.items()):
-            up = _upcoming(w, pid, view.now)
-            if up and sum(a.at.weekday() == 0 for a in up if a.at) == 1:
-                options.append((p, len(up)))
-        p = _prefer(view, options)
-        return _patient_params(p) if p else None
+        def fits(pid: str, now: datetime) -> bool:
+            up = _upcoming(w, pid, now)
+            return bool(up) and sum(a.at.weekday() == 0 for a in up if a.at) == 1
+
+        # dealt over the patients that fit all week (every clock falls in the anchor's week), not over those
+        # that fit this clock (a list that changes with the clock upsets the deal); a misfit is a redraw
+        first = datetime.combine(view.anchor, datetime.min.time(), tzinfo=UTC)
+        week = [pid for pid in sorted(w.patients) if fits(pid, first) and fits(pid, first + timedelta(days=7))]
+        pid = deal(view, week)
+        return _patient_params(w.patients[pid]) if pid and fits(pid, view.now) else None
 
     def prompt(self, params: dict) -> str:
         return (f"{_who(params)} can no longer come on Mondays. Please cancel their upcoming appointment "
@@ -710,6 +730,11 @@ class CancelMondayAppointment(Family):
         monday = [a for a in up if a.at and a.at.weekday() == 0]
         assert len(monday) == 1
         return _cancel_gold(w, monday[0], None)
+
+    def distractor_probe(self, view: View, params: dict) -> bool | None:
+        up = _upcoming(_world(view), params["patient_id"], view.now) or []
+        monday = next((a.id for a in up if a.at and a.at.weekday() == 0), None)
+        return _booked_first_hit_is_not(view, params["patient_id"], monday)
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         patient = _find_patient(tools, params)
@@ -935,6 +960,31 @@ def _movable(w: _World, now: datetime) -> list[_Appt]:
     return out
 
 
+def _stage_booking(view: View, params: dict) -> list[dict]:
+    """The setup of a staged booking: a booked follow-up of the params' patient with their doctor in the free
+    slot ``staged_slot`` (id ``appointment_id``), and that slot made busy."""
+    slot = view.read("Slot", params["staged_slot"])
+    sched = view.read("Schedule", params["doc_schedule"])
+    assert slot is not None and sched is not None and slot["status"] == "free"
+    doc = _world(view).doctors[params["doc_id"]]
+    appt = {"resourceType": "Appointment", "id": params["appointment_id"], "status": "booked",
+            "serviceCategory": sched["serviceCategory"], "serviceType": sched["serviceType"],
+            "specialty": sched["specialty"],
+            "appointmentType": {"coding": [{"system": APPOINTMENT_TYPE, "code": "FOLLOWUP",
+                                            "display": "A follow up visit from a previous appointment"}]},
+            "description": f"{doc['specialty']} follow-up", "start": slot["start"], "end": slot["end"],
+            "minutesDuration": 30, "slot": [{"reference": f"Slot/{slot['id']}"}],
+            "created": (view.now.date() - timedelta(days=7)).isoformat(),
+            "participant": [
+                {"actor": {"reference": f"Patient/{params['patient_id']}", "display": params["name"]},
+                 "required": "required", "status": "accepted"},
+                {"type": [{"coding": [{"system": PARTICIPATION, "code": "PPRF",
+                                       "display": "primary performer"}]}],
+                 "actor": {"reference": f"Practitioner/{doc['id']}", "display": doc["name"]},
+                 "required": "required", "status": "accepted"}]}
+    return [appt, {**slot, "status": "busy"}]
+
+
 @register
 class RescheduleNextMonday(Family):
     """Weekday arithmetic from the clock ("next Monday"; on a weekend, "this coming Monday"), the same time
@@ -965,7 +1015,7 @@ class RescheduleNextMonday(Family):
         phrase = _next_monday(view.now)[1]
         options = [a for a in _movable(w, view.now) if a.doctor and a.patient and a.start
                    and self._fits(w, w.doctors[a.doctor]["schedule"], a.start, a.patient, view.now)]
-        if not options:
+        if len(options) < 4:  # too few to vary the gold (the smallest worlds, late in the week)
             return self._staged(w, view, rng)
         a = deal(view, options)  # by seed: no option is the gold of many seeds
         assert a.patient and a.doctor and a.start
@@ -973,7 +1023,7 @@ class RescheduleNextMonday(Family):
                 "appointment_id": a.id, "day": a.start[:10], "monday_phrase": phrase}
 
     def _staged(self, w: _World, view: View, rng: random.Random) -> dict | None:
-        """No booking of the world fits this clock (the smallest worlds, late in the week): stage one, in a
+        """Too few bookings of the world fit this clock: stage one, in a
         free slot of a doctor whose same-time slot next Monday is free, for a patient free on both days."""
         monday, phrase = _next_monday(view.now)
         d = rng.choice(_usable_doctors(w))
@@ -996,28 +1046,7 @@ class RescheduleNextMonday(Family):
                 "staged_slot": old.id, "day": old.start[:10], "monday_phrase": phrase}
 
     def setup(self, view: View, params: dict) -> list[dict]:
-        if "staged_slot" not in params:
-            return []
-        slot = view.read("Slot", params["staged_slot"])
-        sched = view.read("Schedule", params["doc_schedule"])
-        assert slot is not None and sched is not None and slot["status"] == "free"
-        doc = _world(view).doctors[params["doc_id"]]
-        appt = {"resourceType": "Appointment", "id": params["appointment_id"], "status": "booked",
-                "serviceCategory": sched["serviceCategory"], "serviceType": sched["serviceType"],
-                "specialty": sched["specialty"],
-                "appointmentType": {"coding": [{"system": APPOINTMENT_TYPE, "code": "FOLLOWUP",
-                                                "display": "A follow up visit from a previous appointment"}]},
-                "description": f"{doc['specialty']} follow-up", "start": slot["start"], "end": slot["end"],
-                "minutesDuration": 30, "slot": [{"reference": f"Slot/{slot['id']}"}],
-                "created": (view.now.date() - timedelta(days=7)).isoformat(),
-                "participant": [
-                    {"actor": {"reference": f"Patient/{params['patient_id']}", "display": params["name"]},
-                     "required": "required", "status": "accepted"},
-                    {"type": [{"coding": [{"system": PARTICIPATION, "code": "PPRF",
-                                           "display": "primary performer"}]}],
-                     "actor": {"reference": f"Practitioner/{doc['id']}", "display": doc["name"]},
-                     "required": "required", "status": "accepted"}]}
-        return [appt, {**slot, "status": "busy"}]
+        return _stage_booking(view, params) if "staged_slot" in params else []
 
     def prompt(self, params: dict) -> str:
         day = date.fromisoformat(params["day"])
@@ -1071,26 +1100,35 @@ class RescheduleOtherProvider(Family):
     sequences = (("searchResources", "updateResource", "updateResource", "updateResource"),)
 
     @staticmethod
-    def _alternatives(w: _World, a: _Appt) -> list[_Slot]:
-        """Free slots (any kind) of other doctors of the appointment's specialty at the same instant."""
-        slot = w.slot_by_id[a.slot or ""]
+    def _alternatives(w: _World, slot: _Slot) -> list[_Slot]:
+        """Free slots (any kind) of other doctors of the slot's specialty at the same instant."""
         return [s for s in w.at.get(slot.start, []) if s.schedule != slot.schedule and s.status == "free"
                 and s.end == slot.end and w.sched_code[s.schedule] == w.sched_code[slot.schedule]]
 
+    def _options(self, view: View) -> list[_Slot]:
+        """Free routine slots of the next two weeks beside exactly one free routine same-specialty slot: each
+        can hold the staged booking (the world's own bookings with one alternative are too few to vary)."""
+        def compute() -> list[_Slot]:
+            w = _world(view)
+            lo, hi = _z(view.now + 2 * MARGIN), _z(view.now + timedelta(days=14))
+            return [s for d in _usable_doctors(w) for s in _free(w, d["schedule"], lo) if s.start <= hi
+                    and len(alt := self._alternatives(w, s)) == 1 and not alt[0].urgent]
+        return view.cached(f"reschedule_other_options|{view.now.isoformat()}", compute)
+
     def sample(self, view: View, rng: random.Random) -> dict | None:
         w = _world(view)
-        options = []
-        for a in _movable(w, view.now):
-            alt = self._alternatives(w, a)
-            if len(alt) == 1 and not alt[0].urgent and a.at and a.at - view.now > 2 * MARGIN:
-                options.append(a)
-        if not options:
+        slot = deal(view, self._options(view))  # by seed: no slot is the gold of many seeds
+        if slot is None:
             return None
-        a = deal(view, options)  # by seed: no option is the gold of many seeds
-        assert a.patient and a.doctor
-        d = w.doctors[a.doctor]
-        return {**_patient_params(w.patients[a.patient]), **_doctor_params(d), "appointment_id": a.id,
-                "at": a.start, "specialty": d["specialty"]}
+        d = w.doctors[w.by_schedule[slot.schedule]]
+        p = _pick_patient(w, rng, lambda p: slot.start[:10] not in w.holding_days[p["id"]], d, view.now.date())
+        if p is None:
+            return None
+        return {**_patient_params(p), **_doctor_params(d), "appointment_id": view.new_id(f"appointment-{slot.id}"),
+                "staged_slot": slot.id, "at": slot.start, "specialty": d["specialty"]}
+
+    def setup(self, view: View, params: dict) -> list[dict]:
+        return _stage_booking(view, params)
 
     def prompt(self, params: dict) -> str:
         return (f"{params['doc']} cannot see {_who(params)} on {_when(params['at'])} after all. Please "
@@ -1101,15 +1139,15 @@ class RescheduleOtherProvider(Family):
                 "free and the new slot's status to busy.")
 
     def gold(self, view: View, params: dict) -> Gold:
-        w = _world(view)
-        a = w.appts[params["appointment_id"]]
-        alt = self._alternatives(w, a)
-        assert len(alt) == 1 and a.slot
+        w = _world(view)  # the cached facts are the world's; the staged booking is in params
+        old = w.slot_by_id[params["staged_slot"]]
+        alt = self._alternatives(w, old)
+        assert len(alt) == 1
         new_doc = w.by_schedule[alt[0].schedule]
         checks = (eq("status", "booked"), refs_exactly("slot", [f"Slot/{alt[0].id}"]),
                   _participants(f"Patient/{params['patient_id']}", f"Practitioner/{new_doc}", True))
-        return Gold(expects=[Expect("update", "Appointment", id=a.id, checks=checks),
-                             _slot_to(a.slot, "free"), _slot_to(alt[0].id, "busy")])
+        return Gold(expects=[Expect("update", "Appointment", id=params["appointment_id"], checks=checks),
+                             _slot_to(old.id, "free"), _slot_to(alt[0].id, "busy")])
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         patient = _find_patient(tools, params)

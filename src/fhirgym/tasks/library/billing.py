@@ -567,7 +567,7 @@ class ExistingAccount(Family):
     answer = AnswerSpec((Field("account_id", "id", "the id of the patient's billing account"),))
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
-        p = pick(rng, _account_holders(view))
+        p = deal(view, _account_holders(view))  # by seed: no account is many golds
         if p is None:
             return None
         return {"patient_id": p["id"], "name": full_name(p), "birth_date": p["birthDate"], "gender": p.get("gender")}
@@ -593,7 +593,9 @@ def _related_word(rp: dict) -> str:
 
 @register
 class SetGuarantor(Family):
-    """An update that must keep every other element of the Account (coverage links, owner, period)."""
+    """An update that must keep every other element of the Account (coverage links, owner, period). The
+    guarantor is a relative newly on file (staged by the setup, beside any relative already there): the
+    world's unguaranteed accounts are too few to vary the gold otherwise."""
 
     id = "billing.set_guarantor"
     title = "Make a RelatedPerson the guarantor of a patient's existing Account"
@@ -604,18 +606,39 @@ class SetGuarantor(Family):
     sequences = (("searchResources", "updateResource"),)
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
-        p = pick(rng, _account_holders(view))
+        def unguaranteed(p: dict) -> bool:
+            account = _only_account(view, p)
+            return account is not None and not account.get("guarantor")
+
+        p = deal(view, [p for p in _account_holders(view) if unguaranteed(p)])  # by seed: no account is many golds
         if p is None:
             return None
-        account = _only_account(view, p)
-        related = billing_facts(view)["related"].get(p["id"], [])
-        if account is None or account.get("guarantor") or not related:
+        born = date.fromisoformat(p["birthDate"])
+        code = "SPS" if (view.now.date() - born).days > 26 * 365 else rng.choice(("MTH", "FTH"))
+        gender = RELATION[code][1] or {"male": "female", "female": "male"}.get(p.get("gender", ""), "female")
+        family = official_name(p).get("family", "")
+        taken = {_rp_name(r) for r in billing_facts(view)["related"].get(p["id"], [])}
+        givens = sorted({g for q in living_patients(view) if q.get("gender") == gender
+                         for g in (official_name(q).get("given") or [])[:1]})
+        names = [n for g in givens if (n := f"{g} {family}") not in taken]
+        if not names:
             return None
-        rp = pick(rng, related)
-        if sum(_rp_name(r) == _rp_name(rp) for r in related) != 1:
-            return None
+        rp_name = pick(rng, names)
         return {"patient_id": p["id"], "name": full_name(p), "birth_date": p["birthDate"], "gender": p.get("gender"),
-                "rp_name": _rp_name(rp), "relation": _related_word(rp)}
+                "rp_id": view.new_id("related-person"), "rp_name": rp_name, "rp_code": code, "rp_gender": gender,
+                "relation": RELATION[code][0]}
+
+    def setup(self, view: View, params: dict) -> list[dict]:
+        patient = view.read("Patient", params["patient_id"]) or {}
+        given, family = params["rp_name"].rsplit(" ", 1)
+        rp = {"resourceType": "RelatedPerson", "id": params["rp_id"], "active": True,
+              "patient": {"reference": f"Patient/{params['patient_id']}", "display": params["name"]},
+              "relationship": [{"coding": [{"system": ROLE_CODE, "code": params["rp_code"],
+                                            "display": params["relation"]}]}],
+              "name": [{"use": "official", "family": family, "given": [given]}], "gender": params["rp_gender"]}
+        if patient.get("address"):
+            rp["address"] = patient["address"][:1]
+        return [rp]
 
     def prompt(self, params: dict) -> str:
         return (f"{params['rp_name']}, the {params['relation']} of {_patient_key(params)}, will be responsible "
@@ -624,11 +647,9 @@ class SetGuarantor(Family):
 
     def gold(self, view: View, params: dict) -> Gold:
         account = _gold_account(view, params)
-        pid = _ref_id(account["subject"][0])
-        rps = [r for r in billing_facts(view)["related"].get(pid, []) if _rp_name(r) == params["rp_name"]]
-        assert len(rps) == 1 and not account.get("guarantor"), params
+        assert not account.get("guarantor"), params
         return Gold(expects=[Expect("update", "Account", id=account["id"], checks=(
-            ref("guarantor.party", f"RelatedPerson/{rps[0]['id']}"),
+            ref("guarantor.party", f"RelatedPerson/{params['rp_id']}"),
         ))])
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:

@@ -25,6 +25,7 @@ reference solution.
 
 from __future__ import annotations
 
+import copy
 import random
 from collections import defaultdict
 from datetime import UTC, date, datetime, timedelta
@@ -330,6 +331,34 @@ def _draw_resources(view: View, prefix: str, pid: str, code: str, draws: list[li
     return [_observation(view.new_id(f"{prefix}-{n}"), pid, code, display, value, unit,
                          now - timedelta(minutes=minutes), status)
             for n, (minutes, value, status) in enumerate(draws, 1)]
+
+
+def _shadow(view: View, rng: random.Random, pid: str, codes: tuple[str, ...]) -> dict | None:
+    """An entered-in-error copy (a decimal slip) to chart minutes after the patient's latest valid result of
+    these codes, the trap a plain newest-first search falls into; None when the chart already holds one
+    or the latest result is too close to now."""
+    rows = [r for r in _world_results(view, pid, codes) if r[0] <= view.now]
+    valid = [r for r in rows if r[1] in VALID and r[2] is not None]
+    if not valid or any(r[1] == "entered-in-error" and r[0] > valid[-1][0] for r in rows):
+        return None
+    latest, minutes = valid[-1], rng.randint(3, 40)
+    if latest[0] + timedelta(minutes=minutes) > view.now:
+        return None
+    return {"of": latest[4], "id": view.new_id("shadow"), "minutes": minutes, "value": _slip(rng, latest[2])}
+
+
+def _shadow_resources(view: View, shadow: dict | None) -> list[dict]:
+    """The copy :func:`_shadow` describes, made as the world makes its own (``world._clinical``)."""
+    if shadow is None:
+        return []
+    real = view.read("Observation", shadow["of"])
+    assert real is not None
+    wrong = {k: v for k, v in copy.deepcopy(real).items() if k not in ("meta", "interpretation", "referenceRange")}
+    wrong.update(id=shadow["id"], status="entered-in-error",
+                 effectiveDateTime=_iso(_ts(real["effectiveDateTime"]) + timedelta(minutes=shadow["minutes"])),
+                 note=[{"text": "Value keyed in with a misplaced decimal point; entered in error."}])
+    wrong["valueQuantity"]["value"] = shadow["value"]
+    return [wrong]
 
 
 def _voided_first(view: View, pid: str, codes: tuple[str, ...]) -> bool | None:
@@ -663,7 +692,8 @@ class LabMean(_Clinical):
 
 @register
 class LatestGlucose(_Clinical):
-    """Two glucose codes (blood, serum) to merge, and entered-in-error copies just after the real latest."""
+    """Two glucose codes (blood, serum) to merge, and an entered-in-error copy (world or setup) just after the
+    real latest."""
 
     id = "clinical.latest_glucose"
     title = "Most recent glucose value and when it was taken (or none on file)"
@@ -686,7 +716,11 @@ class LatestGlucose(_Clinical):
         valid = [r for r in rows if r[1] in VALID and r[2] is not None]
         if len(valid) > 1 and valid[-1][0] == valid[-2][0]:
             return None
-        return _patient_params(person, rng)
+        shadow = None if none else _shadow(view, rng, person["pid"], GLUCOSE)
+        return {**_patient_params(person, rng), "shadow": shadow}
+
+    def setup(self, view: View, params: dict) -> list[dict]:
+        return _shadow_resources(view, params["shadow"])
 
     @staticmethod
     def _untested(view: View, person: dict) -> bool:
@@ -715,7 +749,7 @@ class LatestGlucose(_Clinical):
 
 @register
 class LastHba1c(_Clinical):
-    """The world shadows HbA1c with entered-in-error copies charted minutes after the real latest one
+    """An entered-in-error copy charted minutes after the real latest HbA1c, from the world or the setup
     (a world where no living patient has an HbA1c gets one, with such a copy, from the setup)."""
 
     id = "clinical.last_hba1c"
@@ -746,10 +780,13 @@ class LastHba1c(_Clinical):
             value = _lab_value(rng, "4548-4")
             draws = [[days * 1440, value, "final"],
                      [days * 1440 - 17, _slip(rng, value, up=True), "entered-in-error"]]
-        return {**_patient_params(person, rng), "draws": draws}
+        params = _patient_params(person, rng)
+        shadow = _shadow(view, rng, person["pid"], ("4548-4",)) if want and has else None
+        return {**params, "draws": draws, "shadow": shadow}
 
     def setup(self, view: View, params: dict) -> list[dict]:
-        return _draw_resources(view, "a1c", params["pid"], "4548-4", params["draws"])
+        return (_draw_resources(view, "a1c", params["pid"], "4548-4", params["draws"])
+                + _shadow_resources(view, params.get("shadow")))
 
     def prompt(self, params: dict) -> str:
         return (f"What was the last hemoglobin A1c (LOINC 4548-4) of {_who(params)}, and on what date was "

@@ -572,6 +572,11 @@ class AttachRelevantReport(Family):
         return Gold(expects=[Expect("update", "ServiceRequest", id=params["order_id"], checks=(
             refs_exactly("supportingInfo", [*params["supporting"], *reports]),))])
 
+    def distractor_probe(self, view: View, params: dict) -> bool | None:
+        """Whether the first hit of ``DiagnosticReport?patient`` (the chart's reports) is not this order's."""
+        hits = view.search("DiagnosticReport", {"patient": f"Patient/{params['patient_id']}", "_elements": "id"})
+        return hits[0]["id"] not in params["own_reports"] if hits else None
+
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         patient = _find_patient(tools, params["name"], params["birth_date"])
         order = _find_order(tools, patient["id"], params["test"])

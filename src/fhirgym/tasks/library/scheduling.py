@@ -412,6 +412,14 @@ class EarliestMatchingDoctorSlot(Family):
         (slot,) = _first_free(f, docs, view.now)
         return Gold(answer={"slot_id": slot.id, "start": slot.start})
 
+    def distractor_probe(self, view: View, params: dict) -> bool | None:
+        """Whether the first doctor of the plain search by language (``Practitioner?communication:text``) is a
+        near miss rather than the doctor meeting every criterion (None: the language alone picks one)."""
+        hits = view.search("Practitioner", {"communication:text": params["language_name"], "active": "true",
+                                            "_elements": "id"})
+        target = next(d.pid for d in _facts(view).docs if self._matches(d, params))
+        return None if len(hits) < 2 else hits[0]["id"] != target
+
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         query = {"communication:text": params["language_name"], "active": "true", "_elements": "name,communication"}
         if params["gender"]:
@@ -760,7 +768,8 @@ def _booking_params(view: View, rng: random.Random, f: _Facts, by_clinic: bool) 
         pool = [_Appt("", "free", s.start, "", doc.pid, doc.location, doc.specialty) for s in free[:200]]
     if not pool:
         return None
-    appt = deal(view, pool)  # by seed: no booking is the gold of many seeds
+    # by seed: no patient (the gold) holds the booking of many seeds, however many bookings each one holds
+    appt = deal(view, pool) if cancelled else deal_by_gold(view, rng, [(a.patient, a) for a in pool])
     docs = [d for d in f.docs if d.pid == appt.practitioner and d.location == appt.location]
     if len(docs) != 1:
         return None
