@@ -50,8 +50,8 @@ SEED = [
      "valueQuantity": {"value": 72, "unit": "/min", "system": "http://unitsofmeasure.org", "code": "/min"}},
     {"resourceType": "Encounter", "id": "e1", "status": "finished", "class": {"code": "AMB"},
      "subject": {"reference": "Patient/p2"}},
-    {"resourceType": "Appointment", "id": "a1", "status": "booked",
-     "participant": [{"actor": {"reference": "Patient/p1"}, "status": "accepted"}]},
+    {"resourceType": "Appointment", "id": "a1", "status": "booked", "start": "2025-06-02T09:00:00Z",
+     "end": "2025-06-02T09:30:00Z", "participant": [{"actor": {"reference": "Patient/p1"}, "status": "accepted"}]},
 ]
 TEMPLATES = {r["resourceType"]: r for r in SEED}
 

@@ -162,7 +162,8 @@ def build_clinic(client: InProcessClient) -> Clinic:
     k.add("enc_3", {"resourceType": "Encounter", "status": "finished", "class": _coding(act, "AMB"),
                     "subject": k.ref("p_muller"), "partOf": k.ref("enc_2"),
                     "period": {"start": "2024-01-15T10:00:00Z", "end": "2024-01-15T11:00:00Z"}})
-    for name, p in [("ra_100_4", 100.4), ("ra_100_6", 100.6), ("ra_99_5", 99.5), ("ra_100", 100), ("ra_0_004", 0.004)]:
+    # probabilities at most 100 (invariant ras-2): precision is tested around 50
+    for name, p in [("ra_50_4", 50.4), ("ra_50_6", 50.6), ("ra_49_5", 49.5), ("ra_50", 50), ("ra_0_004", 0.004)]:
         k.add(name, {"resourceType": "RiskAssessment", "status": "final", "subject": k.ref("p_smith"),
                      "prediction": [{"probabilityDecimal": p}]})
     k.add("ra_none", {"resourceType": "RiskAssessment", "status": "final", "subject": k.ref("p_smith")})
@@ -401,21 +402,21 @@ def test_last_updated_is_strictly_increasing_on_a_frozen_clock(frozen_client):
 # number and quantity
 # ---------------------------------------------------------------------------------------------------
 NUMBER_CASES = [
-    ("100", {"ra_100_4", "ra_99_5", "ra_100"}),  # implicit precision: [99.5, 100.5)
-    ("100.0", {"ra_100"}),  # [99.95, 100.05)
-    ("100.4", {"ra_100_4"}),
-    ("100.40", {"ra_100_4"}),
+    ("50", {"ra_50_4", "ra_49_5", "ra_50"}),  # implicit precision: [49.5, 50.5)
+    ("50.0", {"ra_50"}),  # [49.95, 50.05)
+    ("50.4", {"ra_50_4"}),
+    ("50.40", {"ra_50_4"}),
     ("0.004", {"ra_0_004"}),
-    ("gt100", {"ra_100_4", "ra_100_6"}),
-    ("ge100", {"ra_100_4", "ra_100_6", "ra_100"}),
-    ("lt100", {"ra_99_5", "ra_0_004"}),
-    ("le100", {"ra_99_5", "ra_0_004", "ra_100"}),
-    ("ne100", {"ra_100_6", "ra_0_004"}),
-    ("sa100", {"ra_100_4", "ra_100_6"}),
-    ("eb100", {"ra_99_5", "ra_0_004"}),
-    ("ap100", {"ra_100_4", "ra_100_6", "ra_99_5", "ra_100"}),  # +-10 %
-    ("100,0.004", {"ra_100_4", "ra_99_5", "ra_100", "ra_0_004"}),
-    ("50", set()),
+    ("gt50", {"ra_50_4", "ra_50_6"}),
+    ("ge50", {"ra_50_4", "ra_50_6", "ra_50"}),
+    ("lt50", {"ra_49_5", "ra_0_004"}),
+    ("le50", {"ra_49_5", "ra_0_004", "ra_50"}),
+    ("ne50", {"ra_50_6", "ra_0_004"}),
+    ("sa50", {"ra_50_4", "ra_50_6"}),
+    ("eb50", {"ra_49_5", "ra_0_004"}),
+    ("ap50", {"ra_50_4", "ra_50_6", "ra_49_5", "ra_50"}),  # +-10 %
+    ("50,0.004", {"ra_50_4", "ra_49_5", "ra_50", "ra_0_004"}),
+    ("70", set()),
 ]
 
 
@@ -604,7 +605,7 @@ INCLUDE_CASES = [
     ("Patient", [("_id", "p_muller"), ("_revinclude", "Observation:subject"), ("_revinclude", "DiagnosticReport:subject")],
      {"p_muller"}, MULLER_OBS | {"dr_1"}),
     ("Patient", {"_id": "p_smith", "_revinclude": "RiskAssessment:*"}, {"p_smith"},
-     {"ra_100_4", "ra_100_6", "ra_99_5", "ra_100", "ra_0_004", "ra_none"}),
+     {"ra_50_4", "ra_50_6", "ra_49_5", "ra_50", "ra_0_004", "ra_none"}),
     ("Observation", {"_id": "o_glu_a", "_include": "Observation:subject", "_revinclude": "DiagnosticReport:result"},
      {"o_glu_a"}, {"p_muller", "dr_1"}),
 ]
@@ -653,8 +654,8 @@ SORT_CASES = [
     ("Patient", "-_lastUpdated", ["p_jr", "p_smith", "p_smith_jr", "p_mullins", "p_muller"]),
     ("Encounter", "date", ["enc_1", "enc_2", "enc_3"]),
     ("Encounter", "-date", ["enc_2", "enc_1", "enc_3"]),  # enc_2's period is open-ended
-    ("RiskAssessment", "-probability", ["ra_100_6", "ra_100_4", "ra_100", "ra_99_5", "ra_0_004", "ra_none"]),
-    ("RiskAssessment", "probability", ["ra_0_004", "ra_99_5", "ra_100", "ra_100_4", "ra_100_6", "ra_none"]),
+    ("RiskAssessment", "-probability", ["ra_50_6", "ra_50_4", "ra_50", "ra_49_5", "ra_0_004", "ra_none"]),
+    ("RiskAssessment", "probability", ["ra_0_004", "ra_49_5", "ra_50", "ra_50_4", "ra_50_6", "ra_none"]),
 ]
 
 

@@ -53,7 +53,7 @@ def test_reference_passes_null_fails_mutations_rejected(family, small_world_path
 #: 10-patient test world, keyed by that world file's sha256. It moves whenever a family's sampling, prompt,
 #: setup or gold does: re-record it deliberately (``instances_sha256`` prints it).
 INSTANCES_SHA256 = {
-    "7703819311f4dd3ee9d414466a6cb82715607ae93ef402fb210e043318de61d5":
+    "3a442d3a99845ccfbaba93449ea8b7ffedb3f345f3b2612115ca1e1c897c69f2":
         "9336458ca76ed90394370f444a43cdd255a10af64bbca035f14a6cdb0ce1e674",
 }
 

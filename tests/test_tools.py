@@ -148,7 +148,9 @@ def test_arguments_cannot_turn_one_operation_into_another(box):
     never becomes a search, a delete never a conditional delete, a paging link never system history."""
     pid = ok(box, "createResource", {"resourceType": "Patient", "body": {"active": True}})["id"]
     allergy = ok(box, "createResource", {"resourceType": "AllergyIntolerance", "body": {
-        "patient": {"reference": f"Patient/{pid}"}, "code": {"text": "peanut"}}})["id"]
+        "patient": {"reference": f"Patient/{pid}"}, "code": {"text": "peanut"},
+        "clinicalStatus": {"coding": [{"system": "http://terminology.hl7.org/CodeSystem/allergyintolerance-clinical",
+                                       "code": "active"}]}}})["id"]  # clinicalStatus: invariant ait-1
     attempts = [
         ("getResourceById", {"resourceType": f"AllergyIntolerance?patient={pid}", "resourceId": allergy}, "resource type"),
         ("deleteResource", {"resourceType": f"AllergyIntolerance?patient={pid}", "resourceId": "x"}, "resource type"),

@@ -47,6 +47,8 @@ OBS_BARE = {k: val for k, val in OBSERVATION.items() if k != "valueQuantity"}
 APPOINTMENT = {
     "resourceType": "Appointment",
     "status": "booked",
+    "start": "2025-06-02T09:00:00Z",  # a booked appointment has a start and an end (invariant app-3)
+    "end": "2025-06-02T09:30:00Z",
     "participant": [{"actor": {"reference": "Patient/p1"}, "status": "accepted"}],
 }
 CONDITION = {
@@ -311,11 +313,14 @@ def test_cached_valid_strings_are_per_type(v: Validator) -> None:
 def test_base64_and_xhtml(v: Validator) -> None:
     good = make(PATIENT, photo=[{"contentType": "image/png", "data": "aGVsbG8gd29ybGQ="}])
     assert v.validate(good) == []
-    assert v.validate(make(PATIENT, photo=[{"data": "aGVs\nbG8g\r\nd29y bGQ="}])) == []
-    assert found(v, make(PATIENT, photo=[{"data": "abc"}])) == [("value", "Patient.photo[0].data")]
+    assert v.validate(make(PATIENT, photo=[{"contentType": "image/png", "data": "aGVs\nbG8g\r\nd29y bGQ="}])) == []
+    # data without a contentType breaks invariant att-1
+    assert found(v, make(PATIENT, photo=[{"data": "aGVsbG8="}])) == [("invariant", "Patient.photo[0]")]
+    assert found(v, make(PATIENT, photo=[{"contentType": "image/png", "data": "abc"}])) == [
+        ("value", "Patient.photo[0].data")]
     # A pathological non-match must not backtrack for ages.
     start = time.perf_counter()
-    assert found(v, make(PATIENT, photo=[{"data": "AAAA " * 2000 + "!"}])) == [
+    assert found(v, make(PATIENT, photo=[{"contentType": "image/png", "data": "AAAA " * 2000 + "!"}])) == [
         ("value", "Patient.photo[0].data")
     ]
     assert time.perf_counter() - start < 1.0

@@ -159,6 +159,24 @@ def world_show(path: Path) -> None:
     _print_info(world_info(path))
 
 
+@world.command("check")
+@click.argument("path", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--seed", default=42, show_default=True, type=int, envvar="FHIRGYM_SEED")
+@click.option("--patients", default=100, show_default=True, type=int)
+def world_check(path: Path | None, seed: int, patients: int) -> None:
+    """Validate every resource of a world as a write would (FHIRPath invariants included); exit 1 on any
+    error. Without PATH: the (cached) world of --seed and --patients."""
+    import time
+
+    from .world import build_world, check_world
+
+    path = path or build_world(seed, patients).path
+    t = time.perf_counter()
+    report = check_world(path)
+    click.echo(f"{path}: {report.summary(limit=50)} ({time.perf_counter() - t:.1f} s)")
+    sys.exit(0 if report.ok else 1)
+
+
 @world.command("import")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path))

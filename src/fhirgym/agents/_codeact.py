@@ -14,6 +14,7 @@ import re
 
 import orjson
 
+from ..fhir import json_default_str
 from ._agent import AgentResult, AgentTask
 from ._backend import ChatBackend
 from ._react import OBSERVATION, ReactAgent, _answer
@@ -62,5 +63,5 @@ class CodeActAgent(ReactAgent):
             return True
         for code in blocks:
             done = task.tools.call("python", {"code": code})
-            messages.append({"role": "user", "content": OBSERVATION + orjson.dumps(done.output, default=str).decode()})
+            messages.append({"role": "user", "content": OBSERVATION + orjson.dumps(done.output, default=json_default_str).decode()})
         return False

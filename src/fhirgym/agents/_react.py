@@ -15,6 +15,7 @@ import time
 
 import orjson
 
+from ..fhir import json_default_str
 from ..tools import final_answer_of
 from ._agent import AgentResult, AgentTask, clock_block
 from ._backend import BackendError, ChatBackend, ContextLengthExceeded
@@ -100,7 +101,7 @@ class ReactAgent:
         for call, msg in zip(reply.tool_calls, call_msgs, strict=True):
             done = task.tools.call(call.name, call.arguments)
             messages.append({"role": "tool", "tool_call_id": msg["id"], "name": call.name,
-                             "content": orjson.dumps(done.output, default=str).decode()})
+                             "content": orjson.dumps(done.output, default=json_default_str).decode()})
             final = final_answer_of(done)
             if final is not None:
                 result.final_answer, result.stop_reason = final, "answered"

@@ -16,12 +16,16 @@ from ._client import FhirClient, HttpClient, InProcessClient, TransportError
 from ._core import ServerConfig
 from ._errors import FhirError, Issue, operation_outcome
 from ._http import Request, Response
+from ._json import FhirDecimal, json_default, json_default_str
+from ._json import dumps as dumps_json
+from ._json import loads as loads_json
 from ._refs import rewrite_references
 from ._server import FhirServer
 from ._store import Record, Snapshot, Store
 
 __all__ = [
     "FhirClient",
+    "FhirDecimal",
     "FhirError",
     "FhirServer",
     "HttpClient",
@@ -35,6 +39,10 @@ __all__ = [
     "Store",
     "TransportError",
     "create_app",
+    "dumps_json",
+    "json_default",
+    "json_default_str",
+    "loads_json",
     "operation_outcome",
     "rewrite_references",
     "run_server",

@@ -34,6 +34,7 @@ from starlette.routing import Route
 
 from ._errors import FhirError, Issue, operation_outcome
 from ._http import FHIR_JSON, Request, Response
+from ._json import dumps
 from ._server import FhirServer
 
 log = logging.getLogger("fhirgym.fhir")
@@ -51,7 +52,7 @@ def _render(resp: Response, pretty: bool = False) -> HttpResponse:
     if resp.body is None:
         return HttpResponse(status_code=resp.status, headers=headers)
     option = orjson.OPT_INDENT_2 if pretty else 0
-    return HttpResponse(orjson.dumps(resp.body, option=option), status_code=resp.status, headers=headers,
+    return HttpResponse(dumps(resp.body, option=option), status_code=resp.status, headers=headers,
                         media_type=FHIR_JSON)
 
 

@@ -28,12 +28,11 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from .._gc import gc_paused
 from ._core import ServerConfig, ServerCore
 from ._errors import FhirError, Issue, bad_request, invalid_resource
 from ._http import ID_RE
+from ._json import dumps, loads
 from ._store import CURRENT_TABLES, SCRATCH_CACHE, Record, Store, create_tables, insert_records
 from ._write import record
 
@@ -57,9 +56,10 @@ _TURN: Any = None
 ABORTED = -1
 
 
-def _init_worker(base_url: str, validate: bool, folder: str | None, target: str | None, turn: Any) -> None:
+def _init_worker(base_url: str, validate: bool, folder: str | None, target: str | None, turn: Any,
+                 invariants: bool = True) -> None:
     global _WORKER, _FOLDER, _TARGET, _TURN
-    _WORKER = ServerCore(Store(), config=ServerConfig(base_url=base_url, validate=validate))
+    _WORKER = ServerCore(Store(), config=ServerConfig(base_url=base_url, validate=validate, invariants=invariants))
     _FOLDER = Path(folder) if folder else None
     _TARGET, _TURN = (Path(target) if target else None), turn
     gc.freeze()  # the spec's objects live as long as the worker: no collection needs to walk them
@@ -69,7 +69,7 @@ def _prepare(server: ServerCore, items: list[Item], ts: str, validate: bool) -> 
     out = []
     for n, res, version in items:
         if validate:
-            errors = [i for i in server.validator.validate(res) if i.severity in ("error", "fatal")]
+            errors = [i for i in server.validator.validate(res, server.config.invariants) if i.severity in ("error", "fatal")]
             if errors:
                 return n, errors
         rec = record(server, res["resourceType"], res["id"], version, "PUT", dict(res), ts)
@@ -82,7 +82,7 @@ def _prepare_payload(payload: bytes, ts: str, validate: bool) -> Prepared:
     """:func:`_prepare` in a worker, of a chunk as the parent serialised it."""
     assert _WORKER is not None
     with gc_paused():
-        return _prepare(_WORKER, [(n, res, v) for n, res, v in orjson.loads(payload)], ts, validate)
+        return _prepare(_WORKER, [(n, res, v) for n, res, v in loads(payload)], ts, validate)
 
 
 def _connect(path: Path, own: bool) -> sqlite3.Connection:
@@ -200,8 +200,9 @@ def _bulk_write(server: ServerCore, items: list[Item], ts: str, validate: bool, 
                 return
             turn = multiprocessing.Value("q", 0)
             with ProcessPoolExecutor(workers, initializer=_init_worker,
-                                     initargs=(server.config.base_url, validate, None, str(path), turn)) as pool:
-                _results(pool, ((_write_shared, orjson.dumps(c), ts, validate, n) for n, c in enumerate(chunks)), turn)
+                                     initargs=(server.config.base_url, validate, None, str(path), turn,
+                                               server.config.invariants)) as pool:
+                _results(pool, ((_write_shared, dumps(c), ts, validate, n) for n, c in enumerate(chunks)), turn)
         return
     if workers <= 1:
         with store.bulk():  # an invalid chunk raises inside: the whole load rolls back
@@ -213,8 +214,9 @@ def _bulk_write(server: ServerCore, items: list[Item], ts: str, validate: bool, 
     folder = Path(tempfile.mkdtemp(prefix="fhirgym-bulk-", dir=store_dir))
     try:
         with ProcessPoolExecutor(workers, initializer=_init_worker,
-                                 initargs=(server.config.base_url, validate, str(folder), None, None)) as pool:
-            results = _results(pool, ((_write_in_worker, orjson.dumps(c), ts, validate) for c in chunks))
+                                 initargs=(server.config.base_url, validate, str(folder), None, None,
+                                           server.config.invariants)) as pool:
+            results = _results(pool, ((_write_in_worker, dumps(c), ts, validate) for c in chunks))
         store.copy_in(results)
     finally:
         shutil.rmtree(folder, ignore_errors=True)

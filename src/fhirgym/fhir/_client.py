@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import httpx
-import orjson
 
 from ._http import FHIR_JSON, Request, Response
+from ._json import dumps, loads
 from ._server import FhirServer
 from ._store import Snapshot
 
@@ -173,7 +173,7 @@ class InProcessClient(FhirClient):
             query = parse_qsl(qs, keep_blank_values=True) + query
         resp = self.server.handle(Request(method.upper(), path, query, hdrs, body))
         if isinstance(body, dict) and resp.body is body:
-            resp.body = orjson.loads(orjson.dumps(resp.body))  # never alias the caller's object
+            resp.body = loads(dumps(resp.body))  # never alias the caller's object
         return resp
 
     def reset(self) -> None:
@@ -202,7 +202,7 @@ class HttpClient(FhirClient):
         hdrs = dict(headers or {})
         content = None
         if body is not None:
-            content = orjson.dumps(body) if isinstance(body, dict) else body
+            content = dumps(body) if isinstance(body, dict) else body
             hdrs.setdefault("Content-Type", FHIR_JSON)
         try:
             r = self._http.request(method.upper(), url, content=content, headers=hdrs)
@@ -211,8 +211,8 @@ class HttpClient(FhirClient):
         parsed = None
         if r.content:
             try:
-                parsed = orjson.loads(r.content)
-            except orjson.JSONDecodeError:
+                parsed = loads(r.content)
+            except ValueError:
                 raise TransportError(f"{method} {url} answered {r.status_code} with non-JSON content") from None
         return Response(r.status_code, parsed, _Headers(r.headers))
 
@@ -244,8 +244,8 @@ class HttpClient(FhirClient):
         bundle = body
         if isinstance(body, bytes):
             try:
-                bundle = orjson.loads(body)
-            except orjson.JSONDecodeError:
+                bundle = loads(body)
+            except ValueError:
                 return {}
         if not isinstance(bundle, dict) or not isinstance(bundle.get("entry"), list):
             return {}

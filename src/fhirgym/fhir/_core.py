@@ -31,6 +31,8 @@ class ServerConfig:
 
     base_url: str = "http://localhost:8080/fhir"
     validate: bool = True
+    #: with ``validate``: also the error-level FHIRPath invariants (``per-1`` ...; see ``_invariants.py``)
+    invariants: bool = True
     referential_integrity: bool = True
     max_body_bytes: int = 16 * 1024 * 1024
     default_count: int = 50

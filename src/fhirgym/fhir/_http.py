@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from urllib.parse import parse_qsl
 
-import orjson
-
 from ._errors import FhirError, bad_request
+from ._json import dumps, loads
 from ._values import END_INSTANT, date_range
 
 #: a resource id (``fullmatch`` only: ``$`` would also accept a trailing newline)
@@ -89,7 +88,7 @@ def json_body(req: Request, max_bytes: int) -> dict:
     body = req.body
     if isinstance(body, dict):
         try:  # an in-process body must be storable JSON (no 128-bit ints, sets, objects): 400, not a 500
-            orjson.dumps(body)
+            dumps(body)
         except TypeError as exc:
             raise bad_request(f"The body is not JSON-serialisable: {exc}", "structure") from None
         return body
@@ -101,8 +100,8 @@ def json_body(req: Request, max_bytes: int) -> dict:
     if ctype and ctype not in ("application/fhir+json", "application/json", "application/json+fhir"):
         raise FhirError(415, f"Unsupported content type {ctype!r}: only FHIR JSON is accepted", "not-supported")
     try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
+        data = loads(body)
+    except ValueError as exc:
         raise bad_request(f"Malformed JSON: {exc}", "structure") from None
     if not isinstance(data, dict):
         raise bad_request("The body must be a JSON object (a FHIR resource)", "structure")

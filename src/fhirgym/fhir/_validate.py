@@ -22,11 +22,15 @@ resource has ``contained`` or a ``#id`` reference. ``fhir_comments`` is ignored.
 ``modifierExtension`` is refused (``not-supported``): this server understands none, and FHIR forbids
 processing a resource whose modifier extension it does not understand.
 
-Not checked, deliberately: other FHIRPath invariants (``ele-1``, ``dom-6`` ...; out of scope and
-slow), profiles in ``meta.profile``, extension definitions, extensible/preferred bindings, whether
-``urn:uuid:`` references resolve, and xhtml beyond its ``<div`` root. Conditional
-references (``Patient?identifier=...``) are accepted: they are legal in transactions, which is what
-bulk loads (Synthea) send.
+Also checked: R4's string rules (at most 1 MB, no control characters below U+0020 but tab, CR and
+LF), narrative XHTML as R4 allows it (:mod:`._xhtml`, invariants ``txt-1``/``txt-2``), and, on a
+resource that passes all of the above, every error-level FHIRPath invariant of the StructureDefinitions
+(:mod:`._invariants`: ``per-1``, ``app-3``, ``obs-6`` ...; code ``invariant``).
+
+Not checked, deliberately: warning-level invariants (``dom-6`` ...), profiles in ``meta.profile``,
+extension definitions, extensible/preferred bindings, and whether ``urn:uuid:`` references resolve.
+Conditional references (``Patient?identifier=...``) are accepted: they are legal in transactions, which
+is what bulk loads (Synthea) send.
 
 Expressions name elements by their JSON property, choice suffix included, with ``[i]`` on every
 array item: ``Patient.name[0].given[1]``, ``Observation.valueQuantity.value``. Primitive
@@ -36,7 +40,8 @@ nested resources under their container (``Bundle.entry[2].resource.status``).
 Issue codes (all severity ``error``): ``structure`` (unknown element, wrong JSON shape, too many
 values, empty or null, repeated contained id), ``required`` (missing element or resourceType),
 ``value`` (bad primitive or reference), ``code-invalid`` (outside a required ValueSet), ``not-found``
-(a ``#id`` reference without its contained resource), ``invariant`` (``dom-2`` to ``dom-5``),
+(a ``#id`` reference without its contained resource), ``invariant`` (``dom-2`` to ``dom-5``, and the
+FHIRPath invariants),
 ``not-supported`` (a ``modifierExtension``). A bug
 in the validator itself surfaces as one ``exception`` issue, never as a raised exception.
 """
@@ -50,7 +55,10 @@ from collections.abc import Callable
 from fhirgym.spec import ElementDef, Spec
 
 from ._errors import Issue
+from ._invariants import Invariant, Invariants
+from ._json import FhirDecimal
 from ._values import date_range
+from ._xhtml import xhtml_problem
 
 #: JSON object nesting deeper than this is refused instead of risking Python's recursion limit.
 MAX_DEPTH = 100
@@ -85,6 +93,14 @@ _URL_TAIL = re.compile(
 
 Checker = Callable[[object], "str | None"]
 
+
+#: R4 datatypes: "strings SHALL NOT exceed 1MB (1024*1024 characters) in size"; applied to ``string`` and
+#: the types built on it (not to ``base64Binary`` or ``xhtml``, which are not strings).
+MAX_STRING = 1024 * 1024
+_STRING_TYPES = frozenset({"string", "code", "id", "markdown", "uri", "url", "canonical", "oid", "uuid"})
+#: R4: "strings SHALL NOT contain Unicode character points below 32, except for u0009 (horizontal tab),
+#: u0010 (carriage return) and u0013 (line feed)"; held against every primitive given as a JSON string.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f]")
 
 #: Valid primitive strings (per type) and references are remembered, since codes, system URLs,
 #: units and references repeat endlessly; a cache is emptied when it reaches this size, and longer
@@ -152,9 +168,12 @@ class _Field:
 class _Plan:
     """The compiled children of one element path (a resource, backbone element or datatype)."""
 
-    __slots__ = ("choices", "fields", "is_extension", "required")
+    __slots__ = ("choices", "deep", "fields", "invariants", "is_extension", "key", "required")
 
-    def __init__(self) -> None:
+    def __init__(self, key: str = "") -> None:
+        self.key = key  # the element path: a type name, or a backbone path such as Encounter.statusHistory
+        self.invariants: tuple[Invariant, ...] | None = None  # compiled on first use
+        self.deep: bool | None = None  # whether this path or any under it has invariants (see Validator._deep)
         self.fields: dict[str, _Field] = {}
         self.required: list[tuple[str, tuple[str, ...]]] = []  # (element name, keys that satisfy it)
         self.choices: dict[str, tuple[str, ...]] = {}  # choice name -> its JSON keys
@@ -244,6 +263,8 @@ def _make_checker(type_code: str, spec: Spec, valid: set[str]) -> Checker:
         lo = {"integer": _INT_MIN, "positiveInt": 1, "unsignedInt": 0}[type_code]
 
         def check_int(v: object) -> str | None:
+            if type(v) is FhirDecimal and v.is_integer_text:  # -0, or an integer beyond 64 bits
+                v = int(v.text)
             if type(v) is not int:
                 return f"expected a JSON integer ({type_code}), got {_got(v)}"
             if not lo <= v <= _INT_MAX:
@@ -254,8 +275,8 @@ def _make_checker(type_code: str, spec: Spec, valid: set[str]) -> Checker:
     if type_code == "decimal":
 
         def check_decimal(v: object) -> str | None:
-            if type(v) is int or (type(v) is float and math.isfinite(v)):
-                return None
+            if type(v) is int or (type(v) is float and math.isfinite(v)) or type(v) is FhirDecimal:
+                return None  # a FhirDecimal was parsed from valid JSON number text, a FHIR decimal
             return f"expected a JSON number (decimal), got {_got(v)}"
 
         return check_decimal
@@ -270,6 +291,7 @@ def _make_checker(type_code: str, spec: Spec, valid: set[str]) -> Checker:
     fullmatch = re.compile(pattern, re.ASCII).fullmatch if pattern else None
     is_date = type_code in ("date", "dateTime", "instant")
     is_xhtml = type_code == "xhtml"
+    max_len = MAX_STRING if type_code in _STRING_TYPES else None
 
     def check_str(v: object) -> str | None:
         if type(v) is not str:
@@ -278,6 +300,12 @@ def _make_checker(type_code: str, spec: Spec, valid: set[str]) -> Checker:
             return None
         if not v or v.isspace():
             return f"{type_code} must contain at least one non-whitespace character"
+        if max_len is not None and len(v) > max_len:
+            return f"a {type_code} of {len(v)} characters exceeds FHIR's limit of {max_len} (1 MB)"
+        bad = _CONTROL.search(v)
+        if bad is not None:
+            return (f"contains the control character U+{ord(bad[0]):04X} at position {bad.start()}: FHIR strings "
+                    "allow none below U+0020 except tab, carriage return and line feed")
         if fullmatch is not None and fullmatch(v) is None:
             return f"{_show(v)} is not a valid {type_code}"
         if is_date and len(v) >= 10 and v[8:10] > "28":  # the regex already bounds everything else
@@ -285,8 +313,8 @@ def _make_checker(type_code: str, spec: Spec, valid: set[str]) -> Checker:
                 date_range(v)
             except ValueError:
                 return f"{_show(v)} is not a valid {type_code} (no such calendar day)"
-        if is_xhtml and not v.lstrip().startswith("<div"):
-            return "xhtml must be a <div> element"
+        if is_xhtml and (problem := xhtml_problem(v)) is not None:
+            return problem
         if len(v) <= _CACHE_LEN:
             if len(valid) >= _CACHE_MAX:
                 valid.clear()
@@ -308,13 +336,20 @@ class Validator:
         self._checkers: dict[str, tuple[Checker, set[str]]] = {}
         self._valuesets: dict[str, tuple[frozenset[tuple[str, str]], frozenset[str]] | None] = {}
         self._refs: dict[str, str] = {}  # valid reference -> its resource type ("" if it has none)
+        self.invariants = Invariants(spec)
 
     # -- public --------------------------------------------------------------------------------
-    def validate(self, resource: object) -> list[Issue]:
-        """All problems with one resource; [] if valid. Never raises on any input (any JSON value)."""
+    def validate(self, resource: object, invariants: bool = True) -> list[Issue]:
+        """All problems with one resource; [] if valid. Never raises on any input (any JSON value).
+
+        ``invariants``: also evaluate the error-level FHIRPath invariants (:mod:`._invariants`), on a
+        resource that is otherwise valid (they assume its structure)."""
         issues: list[Issue] = []
         try:
             self._resource(resource, "", issues, 0)
+            if invariants and not issues:
+                self._invariants(resource, self._plan(resource["resourceType"]), resource,  # type: ignore[index]
+                                 resource["resourceType"], issues)  # type: ignore[index]
         except Exception as exc:  # a bug here must not turn bad input into a server error
             issues[:] = [i for i in issues if type(i) is not _LocalRef]
             issues.append(Issue("error", "exception", f"Validator failure: {type(exc).__name__}: {exc}", ()))
@@ -346,6 +381,66 @@ class Validator:
             if local:
                 issues[start:] = [i for i in issues[start:] if type(i) is not _LocalRef]
             self._contained(res, contained if type(contained) is list else [], local, path or rt, issues)
+
+    def _invariants(self, obj: dict, plan: _Plan, root: dict, path: Path, issues: list[Issue]) -> None:
+        """Evaluate the invariants of every element path in a structurally valid resource, skipping the
+        elements under which no path has any (codings, references, meta ...)."""
+        invs = plan.invariants
+        if invs is None:
+            invs = plan.invariants = self.invariants.at(plan.key)
+        if invs:
+            self.invariants.check(invs, obj, plan.key, root, path, issues, _render)
+        fields = plan.fields
+        for key, val in obj.items():
+            f = fields.get(key)
+            if f is None:
+                continue
+            mode = f.mode
+            if mode in (_COMPLEX_ONE, _COMPLEX_MANY):
+                sub = f.plan or self._resolve(f)
+                if sub.deep is False or (sub.deep is None and not self._deep(sub)):
+                    continue
+                if mode == _COMPLEX_ONE:
+                    self._invariants(val, sub, root, (path, key), issues)
+                else:
+                    for i, item in enumerate(val):
+                        self._invariants(item, sub, root, (path, key, i), issues)
+            elif mode == _PRIM_EXT:  # extensions of primitives: their values may be Periods ...
+                sub = self._plan("Element")
+                if self._deep(sub):
+                    for i, item in enumerate(val) if type(val) is list else ((-1, val),):
+                        if type(item) is dict:
+                            where = (path, f.other, i) if i >= 0 else (path, f.other)  # reported on the primitive
+                            self._invariants(item, sub, root, where, issues)
+            elif mode == _RESOURCE:
+                for i, res in enumerate(val) if type(val) is list else ((-1, val),):
+                    self._invariants(res, self._plan(res["resourceType"]), res,
+                                     (path, key, i) if i >= 0 else (path, key), issues)
+
+    def _deep(self, plan: _Plan) -> bool:
+        """Whether any element path at or under ``plan`` has invariants (or holds resources), found once
+        per plan by a search through the plans it leads to."""
+        if plan.deep is None:
+            plan.deep = self._reaches_invariants(plan)
+        return plan.deep
+
+    def _reaches_invariants(self, start: _Plan) -> bool:
+        seen, todo = {id(start)}, [start]
+        while todo:
+            p = todo.pop()
+            if p.invariants is None:
+                p.invariants = self.invariants.at(p.key)
+            if p.invariants:
+                return True
+            for f in p.fields.values():
+                if f.mode == _RESOURCE:
+                    return True
+                if f.mode in (_COMPLEX_ONE, _COMPLEX_MANY, _PRIM_EXT):
+                    sub = self._plan("Element") if f.mode == _PRIM_EXT else f.plan or self._resolve(f)
+                    if id(sub) not in seen:
+                        seen.add(id(sub))
+                        todo.append(sub)
+        return False
 
     @staticmethod
     def _contained(res: dict, contained: list, local: list[_LocalRef], path: Path, issues: list[Issue]) -> None:
@@ -731,7 +826,7 @@ class Validator:
     def _build(self, key: str) -> _Plan:
         """Compile the children of ``key``: a resource type, a datatype or a backbone path."""
         spec = self.spec
-        plan = _Plan()
+        plan = _Plan(key)
         root = spec.is_resource_type(key)
         plan.is_extension = key == "Extension"
         fields = plan.fields

@@ -10,11 +10,10 @@ from __future__ import annotations
 import copy
 from urllib.parse import parse_qsl
 
-import orjson
-
 from ._core import ServerCore
 from ._errors import FhirError, Issue, bad_request, invalid_resource
 from ._http import ID_RE, VERSION_RE
+from ._json import dumps
 from ._refs import iter_references, reference_strings, reference_strings_json, rewrite_references
 from ._store import Record
 from ._values import split_reference
@@ -23,7 +22,7 @@ from ._values import split_reference
 def validate(server: ServerCore, resource: dict) -> None:
     """422 for a resource with errors (unless the server does not validate)."""
     if server.config.validate:
-        issues = server.validator.validate(resource)
+        issues = server.validator.validate(resource, server.config.invariants)
         errors = [i for i in issues if i.severity in ("error", "fatal")]
         if errors:
             raise invalid_resource(errors)
@@ -123,7 +122,7 @@ def record(server: ServerCore, rtype: str, rid: str, version: int, method: str, 
     body["meta"] = meta
     body["id"] = rid
     index = server.extractor.extract(body)
-    data = orjson.dumps(body)
+    data = dumps(body)
     refs = sorted(local_targets(server, data))
     return Record(rtype, rid, version, ts, method, body, index, refs, data)
 

@@ -20,6 +20,7 @@ from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from mcp.types import Tool as MCPTool
 
 from .. import __version__
+from ..fhir import json_default_str
 from ..tools import Toolbox
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ def tool_result(call: Any, structured: bool = False) -> CallToolResult:
     and the SDK validates and dumps a structured copy twice through pydantic — about 1 ms per 8 kB
     search result here, a fifth of a stdio call (``bench/bench_tools.py`` prints both).
     """
-    text = orjson.dumps(call.output, default=str).decode()
+    text = orjson.dumps(call.output, default=json_default_str).decode()
     content = [TextContent(type="text", text=text)]
     failed = call.error is not None
     if structured and isinstance(call.output, dict):

@@ -18,6 +18,7 @@ import orjson
 
 from ..agents import CODE_BLOCK, CODEACT_SYSTEM_PROMPT, SYSTEM_PROMPT, clock_block, parse_tool_calls
 from ..env import Config, Episode
+from ..fhir import json_default_str
 from ..tasks import Instance, Verdict
 from ..tools import final_answer_of
 from ._reward import RewardSpec
@@ -91,7 +92,7 @@ class TextEpisode:
             if final is not None:
                 return self._end(final, "finished")
             observations.append({"role": "tool", "name": name,
-                                 "content": orjson.dumps(done.output, default=str).decode()})
+                                 "content": orjson.dumps(done.output, default=json_default_str).decode()})
         if self.turns >= self.max_turns:
             step = self._end(None, "max_turns")
             step.observations = []

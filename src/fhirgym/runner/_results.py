@@ -15,6 +15,8 @@ from pathlib import Path
 
 import orjson
 
+from ..fhir import json_default_str
+
 RESULTS = "results.jsonl"
 _lock = threading.Lock()
 
@@ -40,7 +42,7 @@ def read_results(out: Path, repair: bool = False) -> list[dict]:
 
 
 def append_result(out: Path, line: dict) -> None:
-    data = orjson.dumps(line, default=str) + b"\n"
+    data = orjson.dumps(line, default=json_default_str) + b"\n"
     with _lock:
         fd = os.open(Path(out) / RESULTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
@@ -58,7 +60,7 @@ def write_atomic(path: Path, payload: dict) -> None:
     fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".part", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(orjson.dumps(payload, default=str, option=orjson.OPT_INDENT_2))
+            fh.write(orjson.dumps(payload, default=json_default_str, option=orjson.OPT_INDENT_2))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

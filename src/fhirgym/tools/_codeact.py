@@ -25,6 +25,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import orjson
 
+from ..fhir import json_default_str
 from ._core import Tool, Toolbox, ToolCall, ToolContext, ToolError
 from ._fhir import (
     _ID_RE,
@@ -316,7 +317,7 @@ class _Rpc:
                     self.open = False
                 else:
                     reply = self._handle(line)
-                data = orjson.dumps(reply, default=str)
+                data = orjson.dumps(reply, default=json_default_str)
                 if len(data) > MAX_RPC_BYTES:
                     data = orjson.dumps({"error": f"result over {MAX_RPC_BYTES} bytes: narrow the search"})
                 try:
@@ -412,7 +413,7 @@ def _bound(out: dict, budget: int) -> dict:
     if _size(out) <= budget:
         return out
     if "answer" in out and _size(out["answer"]) > budget // 4:
-        text, cut = _clip(orjson.dumps(out["answer"], default=str).decode(), budget // 4)
+        text, cut = _clip(orjson.dumps(out["answer"], default=json_default_str).decode(), budget // 4)
         out["answer"], out["answer_truncated"] = text, f"{cut} characters of the answer's JSON left out"
     if "fhir_calls" in out and _size(out["fhir_calls"]) > budget // 4:
         calls = out["fhir_calls"]
@@ -440,7 +441,7 @@ def final_answer_of(call: ToolCall) -> str | None:
     if call.name != FINISH.name or call.error:
         return None
     answer = call.arguments.get("answer")
-    return answer if isinstance(answer, str) else orjson.dumps(answer, default=str).decode()
+    return answer if isinstance(answer, str) else orjson.dumps(answer, default=json_default_str).decode()
 
 
 FHIR_QUERY = Tool(

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from ..fhir import FhirClient
+from ..fhir import FhirClient, json_default_str
 
 #: Default bound on one tool output, in characters of JSON (~4 characters a token): a 8k-token context
 #: holds a prompt, a few calls and one such result.
@@ -84,7 +84,7 @@ class ToolCall:
     ms: float
 
     def summary(self, limit: int = 200) -> str:
-        text = orjson.dumps(self.output, default=str).decode()
+        text = orjson.dumps(self.output, default=json_default_str).decode()
         return text if len(text) <= limit else text[: limit - 1] + "…"
 
     def to_json(self, full: bool = False) -> dict:

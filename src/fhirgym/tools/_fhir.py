@@ -15,7 +15,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import orjson
 
-from ..fhir import FhirClient, Response, TransportError
+from ..fhir import FhirClient, Response, TransportError, json_default_str, loads_json
 from ..spec import load_spec
 from ._core import Tool, ToolContext, ToolError
 
@@ -84,7 +84,7 @@ def _strip(resource: dict) -> dict:
 
 
 def _size(obj: Any) -> int:
-    return len(orjson.dumps(obj, default=str))
+    return len(orjson.dumps(obj, default=json_default_str))
 
 
 def list_resource_types(ctx: ToolContext, args: dict) -> dict:
@@ -205,8 +205,8 @@ def _body(args: dict) -> dict:
     body = args["body"]
     if isinstance(body, str):
         try:
-            body = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
+            body = loads_json(body)  # decimals as the caller wrote them
+        except ValueError as exc:
             raise ToolError(f"body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise ToolError("body must be a JSON object (a FHIR resource)")

@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from ..fhir import json_default_str
 from ..spec import Spec, load_spec
 from ._core import Tool, ToolContext, ToolError
 
@@ -57,7 +58,7 @@ RESULT_PARAMETERS = ("_count, _sort (-desc), _include (Type:param), _revinclude,
 
 
 def _size(obj: Any) -> int:
-    return len(orjson.dumps(obj, default=str))
+    return len(orjson.dumps(obj, default=json_default_str))
 
 
 def _suggest(name: str, candidates: Iterable[str], what: str, how: str) -> ToolError:

@@ -330,8 +330,7 @@ class _Workup:
                 "patient": {"reference": f"Patient/{patient['id']}"}, "date": iso(when),
                 "relationship": concept(ROLE_CODE, rel_code, rel_display),
                 "sex": concept(ADMINISTRATIVE_GENDER, sex, sex.capitalize()),
-                "condition": [{"code": concept(SNOMED, cond_code, cond_display),
-                               "onsetAge": {"value": rng.randint(lo, hi), "unit": "a", "system": UCUM, "code": "a"}}],
+                "condition": [{"code": concept(SNOMED, cond_code, cond_display), "onsetAge": _onset_age(rng, lo, hi)}],
             })
         return out
 
@@ -526,3 +525,11 @@ def _surgery_plans(ctx: WorldContext, directory: Directory) -> list[dict]:
         out.append(plan)
     return out
 
+
+
+def _onset_age(rng: Random, lo: int, hi: int) -> dict:
+    """An onset age between ``lo`` and ``hi`` years. Ages must be positive (invariant ``age-1``): a range
+    starting in the first year (cystic fibrosis, found in infancy) is drawn in months, 1 to ``hi`` years."""
+    if lo > 0:
+        return {"value": rng.randint(lo, hi), "unit": "a", "system": UCUM, "code": "a"}
+    return {"value": rng.randint(1, 12 * hi), "unit": "mo", "system": UCUM, "code": "mo"}

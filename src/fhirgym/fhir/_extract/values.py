@@ -6,6 +6,7 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
+from .._json import FhirDecimal
 from .._values import date_range, normalize_string, number_range, split_reference
 
 
@@ -53,6 +54,8 @@ def num_range(v: Any) -> tuple[float, float, float] | None:
         return FLOATS[v]
     if cls is int:
         return INTS[v]
+    if cls is FhirDecimal:
+        return _number_or_none(v.text)
     if cls is Decimal:
         return _number_or_none(str(v))
     return None

@@ -3,11 +3,10 @@ those reference, with ``_type``, ``_since`` and ``_count``; later pages come thr
 
 from __future__ import annotations
 
-import orjson
-
 from .._core import ServerCore
 from .._errors import bad_request
 from .._http import Request, Response, json_body, operation_params, since
+from .._json import loads
 from .._paging import count, page_url, remember, self_url, watermark
 from .._search import non_negative_int
 from .read import current
@@ -88,7 +87,7 @@ def render_everything(server: ServerCore, token: str, state: dict, offset: int) 
     for t, i in page:
         data = bodies[t].get(i)
         if data is not None:
-            entries.append({"fullUrl": f"{server.base}/{t}/{i}", "resource": orjson.loads(data),
+            entries.append({"fullUrl": f"{server.base}/{t}/{i}", "resource": loads(data),
                             "search": {"mode": "match"}})
     if state.get("changed"):
         entries.append({"resource": {"resourceType": "OperationOutcome", "issue": [{

@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-import orjson
-
 from .._core import ServerCore
 from .._errors import bad_request, not_found
 from .._http import Request, Response, etag, since
+from .._json import loads
 from .._paging import count, page_links, remember, self_url
 from .._search import non_negative_int
 from .._store import history_sql
@@ -71,7 +70,7 @@ def render_history(server: ServerCore, token: str, state: dict, offset: int) -> 
         server.spend(len(data) if data else 0)
         entry: dict = {"fullUrl": f"{server.base}/{t}/{i}"}
         if data is not None:
-            entry["resource"] = orjson.loads(data)
+            entry["resource"] = loads(data)
         entry["request"] = {"method": method, "url": f"{t}/{i}" if method != "POST" else t}
         status = "204" if data is None else "201" if version == 1 or _recreated(server, t, i, version) else "200"
         entry["response"] = {"status": status, "etag": etag(version), "lastModified": lu}

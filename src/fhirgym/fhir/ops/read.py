@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import email.utils
 
-import orjson
-
 from .._core import ServerCore
 from .._errors import FhirError, bad_request, not_found
 from .._http import VERSION_RE, Request, Response, etag, http_date
+from .._json import loads
 from .._subset import shaped
 
 
@@ -28,7 +27,7 @@ def vread(server: ServerCore, req: Request, rtype: str, rid: str, vid: str) -> R
     last_updated, _method, data = row
     if data is None:
         raise FhirError(410, f"Version {vid} of {rtype}/{rid} is a deletion", "deleted")
-    resp = Response(200, orjson.loads(data), {"ETag": etag(int(vid)), "Last-Modified": http_date(last_updated)})
+    resp = Response(200, loads(data), {"ETag": etag(int(vid)), "Last-Modified": http_date(last_updated)})
     return shaped(server.spec, req, resp)
 
 
@@ -41,7 +40,7 @@ def current(server: ServerCore, rtype: str, rid: str) -> Response:
     if deleted:
         raise FhirError(410, f"{rtype}/{rid} was deleted (version {version})", "deleted",
                         headers={"ETag": etag(version)})
-    return Response(200, orjson.loads(data), {"ETag": etag(version), "Last-Modified": http_date(last_updated)})
+    return Response(200, loads(data), {"ETag": etag(version), "Last-Modified": http_date(last_updated)})
 
 
 def not_modified(req: Request, resp: Response) -> Response:

@@ -14,6 +14,7 @@ import orjson
 from .._core import ServerCore
 from .._errors import Issue, bad_request, operation_outcome
 from .._http import Request, Response, form_body
+from .._json import loads
 from .._paging import count, page_links, remember, self_url, watermark
 from .._subset import subset
 
@@ -114,10 +115,10 @@ def _entry_maker(server: ServerCore, state: dict, raw: bool) -> Callable[[str, s
     base = server.base
     summary, elements = state.get("summary"), state.get("elements")
     if summary in (None, "false") and not elements:
-        body = orjson.Fragment if raw else orjson.loads  # raw: the stored JSON, spliced in as is
+        body = orjson.Fragment if raw else loads  # raw: the stored JSON, spliced in as is
     else:
         def body(data: bytes) -> dict:
-            return subset(server.spec, orjson.loads(data), summary, elements)
+            return subset(server.spec, loads(data), summary, elements)
 
     def entry(rtype: str, rid: str, data: bytes, mode: str) -> dict:
         return {"fullUrl": f"{base}/{rtype}/{rid}", "resource": body(data), "search": {"mode": mode}}

@@ -6,6 +6,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+from ..._json import FhirDecimal
 from ..values import norm
 
 
@@ -24,6 +25,8 @@ def t_bool(v: Any, out: list, code: Any) -> None:
 def t_int(v: Any, out: list, code: Any) -> None:
     if v.__class__ is int or v.__class__ is Decimal:
         out.append((code, None, str(v), None))
+    elif v.__class__ is FhirDecimal and v.is_integer_text:
+        out.append((code, None, v.text, None))
 
 
 def t_coding(v: Any, out: list, code: Any) -> None:

@@ -1,0 +1,108 @@
+"""FHIR JSON with exact decimals: ``0.010`` stays ``0.010``, ``1.50`` stays ``1.50``.
+
+FHIR says a decimal's precision is part of its value (R4 datatypes: "0.010 is regarded as different
+to 0.01"), but JSON libraries parse numbers into floats and print their shortest form. Here a number
+whose text a float would not reproduce is parsed into a :class:`FhirDecimal`: a ``float`` (so
+arithmetic, comparisons and ``isinstance(v, float)`` work as before) that remembers its exact text,
+which :func:`dumps` writes back byte for byte.
+
+Speed: stored resources were written by :func:`dumps`, so most come back through orjson alone; the
+exact (slower) parser runs only when re-serialising orjson's result would not give the same bytes,
+i.e. when the JSON holds a number a float would change (or was not written by orjson).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from decimal import Decimal
+from typing import Any
+
+import orjson
+
+#: An integer in JSON text that a Python ``int`` reproduces and orjson can write (64-bit).
+_I64 = (-(2**63), 2**64 - 1)
+_INT_TEXT = re.compile(r"-?(?:0|[1-9][0-9]*)")
+
+
+class FhirDecimal(float):
+    """A JSON number as written: its float value, and ``text``, the exact form kept and written back."""
+
+    __slots__ = ("text",)
+
+    text: str
+
+    def __new__(cls, text: str) -> FhirDecimal:
+        self = super().__new__(cls, text)
+        self.text = text
+        return self
+
+    def __repr__(self) -> str:
+        return self.text
+
+    __str__ = __repr__
+
+    def __reduce__(self) -> tuple:
+        return (FhirDecimal, (self.text,))
+
+    def __copy__(self) -> FhirDecimal:
+        return self
+
+    def __deepcopy__(self, memo: dict) -> FhirDecimal:
+        return self
+
+    @property
+    def is_integer_text(self) -> bool:
+        """Whether it was written as an integer (``-0``, or one beyond 64 bits)."""
+        return _INT_TEXT.fullmatch(self.text) is not None
+
+
+def _number(text: str) -> float | FhirDecimal:
+    """A plain float only when orjson writes it back as ``text`` (not Python's repr: 1e+16 vs 1e16)."""
+    value = float(text)
+    return value if orjson.dumps(value) == text.encode() else FhirDecimal(text)
+
+
+def _integer(text: str) -> int | FhirDecimal:
+    value = int(text)
+    return value if _I64[0] <= value <= _I64[1] and text != "-0" else FhirDecimal(text)
+
+
+def _constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+_DECODER = json.JSONDecoder(parse_float=_number, parse_int=_integer, parse_constant=_constant)
+
+
+def json_default(obj: Any) -> Any:
+    """orjson's ``default``: exact decimals as written (``decimal.Decimal`` as ``str()`` gives them)."""
+    if type(obj) is FhirDecimal:
+        return orjson.Fragment(obj.text)
+    if isinstance(obj, Decimal) and obj.is_finite():
+        return orjson.Fragment(str(obj))
+    raise TypeError(f"Type is not JSON serializable: {type(obj).__name__}")
+
+
+def json_default_str(obj: Any) -> Any:
+    """:func:`json_default`, and ``str(obj)`` for anything else (tool outputs, logs)."""
+    try:
+        return json_default(obj)
+    except TypeError:
+        return str(obj)
+
+
+def dumps(obj: Any, option: int = 0) -> bytes:
+    """orjson's ``dumps`` writing every :class:`FhirDecimal` exactly as it was read."""
+    return orjson.dumps(obj, default=json_default, option=option)
+
+
+def loads(data: bytes | str) -> Any:
+    """Parse JSON, keeping each number's exact form (see the module docstring).
+
+    Raises ``orjson.JSONDecodeError`` (a ``ValueError``) for anything orjson would refuse: invalid
+    UTF-8, lone surrogates, NaN/Infinity, numbers beyond a double's range, nesting beyond 1024.
+    """
+    obj = orjson.loads(data)
+    raw = data.encode() if isinstance(data, str) else data
+    return obj if orjson.dumps(obj) == raw else _DECODER.decode(raw.decode())
