@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from ..env import get_config
-from ._data import instance_for
+from ._data import ENV_CLASSES, instance_for
 from ._reward import RewardSpec
 from ._text import TEXT_BUDGET, TextEpisode, TextStep
 
@@ -91,11 +91,14 @@ def skyrl_env_class():
 
 
 def register_skyrl() -> None:
-    """Register ``fhirgym-action`` with skyrl-gym (call it inside SkyRL's Ray entrypoint too)."""
+    """Register ``fhirgym-action`` and ``fhirgym-qa`` with skyrl-gym (call it inside SkyRL's Ray entrypoint
+    too). One class serves both: the row's ``extra_info.track`` says which instance to build."""
     from skyrl_gym.envs.registration import register, registry
 
-    if "fhirgym-action" not in registry:
-        register(id="fhirgym-action", entry_point=skyrl_env_class())
+    cls = skyrl_env_class()
+    for env_id in ENV_CLASSES.values():
+        if env_id not in registry:
+            register(id=env_id, entry_point=cls)
 
 
 # -- TRL -----------------------------------------------------------------------------------------------
