@@ -245,6 +245,7 @@ def test_the_skyrl_launch_is_complete_and_parses(tmp_path):
     parsed = OmegaConf.from_dotlist([f"{k}={v}" for k, v in overrides.items()])
     assert parsed.trainer.algorithm.dynamic_sampling.type == "filter"
     assert parsed.generator.n_samples_per_prompt == 8 and next(iter(parsed.data.train_data)).endswith("train.parquet")
+    assert launch_overrides(recipe, tmp_path / "data", track="qa")["environment.env_class"] == "fhirgym-qa"
 
 
 def test_skyrl_env_class_is_a_base_text_env():

@@ -629,22 +629,32 @@ def rl_group() -> None:
 
 
 @rl_group.command("dataset")
-@click.option("--track", type=click.Choice(["action"]), default="action", show_default=True)
+@click.option("--track", type=click.Choice(["action", "qa"]), default="action", show_default=True)
 @click.option("--split", type=click.Choice(["train", "valid", "test"]), default="train", show_default=True)
-@click.option("--tasks", "selector", default="all", show_default=True, help="Task selector.")
-@click.option("--per-family", default=8, show_default=True, help="Instances per family (seeds of the split).")
+@click.option("--tasks", "selector", default="all", show_default=True,
+              help="Task selector (QA: qa.<template> ids or globs).")
+@click.option("--per-family", default=8, show_default=True,
+              help="Instances per family (seeds of the split); QA: questions per template of the split.")
 @click.option("--max-turns", default=12, show_default=True)
+@click.option("--config", default="baseline", show_default=True, help="Configuration (tools) of the prompts.")
+@click.option("--qa-per-template", default=20, show_default=True, help="QA: size of the question set built.")
+@click.option("--qa-seed", default=0, show_default=True, help="QA: seed of the question set.")
 @click.option("--format", "formats", default="jsonl,parquet", show_default=True, help="jsonl and/or parquet.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
 @click.option("--world-seed", default=42, show_default=True)
 @click.option("--patients", default=10, show_default=True)
-def rl_dataset(track: str, split: str, selector: str, per_family: int, max_turns: int, formats: str, out: Path,
-               world_seed: int, patients: int) -> None:
-    """Rows in SkyRL's layout (data_source, prompt, env_class, reward_spec, extra_info); TRL reads them too."""
+def rl_dataset(track: str, split: str, selector: str, per_family: int, max_turns: int, config: str,
+               qa_per_template: int, qa_seed: int, formats: str, out: Path, world_seed: int, patients: int) -> None:
+    """Rows in SkyRL's layout (data_source, prompt, env_class, reward_spec, extra_info); TRL reads them too.
+    QA rows come from a question set split by patient, so splits never share a patient."""
     from .rl import dataset_rows, write_rows
 
-    rows = dataset_rows(track, split, tasks=selector, per_family=per_family, max_turns=max_turns,
-                        world={"seed": world_seed, "patients": patients})
+    try:
+        rows = dataset_rows(track, split, tasks=selector, per_family=per_family, max_turns=max_turns,
+                            world={"seed": world_seed, "patients": patients}, config=config,
+                            qa={"per_template": qa_per_template, "seed": qa_seed})
+    except (ValueError, KeyError) as exc:
+        raise click.ClickException(str(exc)) from None
     try:
         paths = write_rows(rows, out, split, tuple(f.strip() for f in formats.split(",") if f.strip()))
     except RuntimeError as exc:
@@ -672,8 +682,10 @@ def rl_recipes(as_json: bool) -> None:
 @click.option("--data", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Directory with train.parquet and valid.parquet (fhirgym rl dataset).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
+@click.option("--track", type=click.Choice(["action", "qa"]), default="action", show_default=True,
+              help="Which environment class the rows name (fhirgym-action or fhirgym-qa).")
 @click.option("--set", "sets", multiple=True, help="Extra SkyRL override key=value (repeatable).")
-def rl_skyrl(recipe: str, data: Path, out: Path, sets: tuple[str, ...]) -> None:
+def rl_skyrl(recipe: str, data: Path, out: Path, track: str, sets: tuple[str, ...]) -> None:
     """Write a SkyRL 0.4 launch (GPU machines only; SkyRL needs Python >= 3.12 and CUDA)."""
     from .rl import load_recipe, write_launch
 
@@ -684,7 +696,7 @@ def rl_skyrl(recipe: str, data: Path, out: Path, sets: tuple[str, ...]) -> None:
             raise click.ClickException(f"--set {item!r}: expected key=value")
         extra[key] = value
     try:
-        script = write_launch(load_recipe(recipe), data.resolve(), out, extra)
+        script = write_launch(load_recipe(recipe), data.resolve(), out, extra, track=track)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"wrote {script} (run it on a GPU machine with skyrl[fsdp]==0.4.0 and fhirgym installed)")
