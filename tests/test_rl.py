@@ -10,6 +10,7 @@ import time
 import orjson
 import pytest
 
+from fhirgym.env import get_config
 from fhirgym.rl import (
     FhirTextEnv,
     RewardSpec,
@@ -23,6 +24,7 @@ from fhirgym.rl import (
     skyrl_overrides,
     trl_args,
     trl_environment,
+    trl_reward,
     write_launch,
     write_rows,
 )
@@ -137,7 +139,7 @@ def test_same_transcript_same_reward_in_every_adapter(world_spec):
                     final = t
                     break
                 obs = getattr(trl, calls[0][0])(**calls[0][1])
-            rewards["trl"] = trl.finish_reward(final)
+            rewards["trl"] = trl_reward(trl, final)
             assert len(set(rewards.values())) == 1, (label, rewards)
             assert rewards["text"] == (1.0 if label == "solve" else 0.0)
             for closer in (text, gym, env):
@@ -229,7 +231,9 @@ def test_trl_environment_exposes_the_tools_as_documented_methods():
     sig = inspect.signature(search)
     assert list(sig.parameters)[:2] == ["self", "resourceType"] and sig.parameters["params"].default is None
     assert "Args:" in search.__doc__ and "resourceType:" in search.__doc__
-    assert {"reset", "finish_reward", "createResource"} <= set(dir(cls))
+    assert {"reset", "createResource"} <= set(dir(cls))
+    public = {n for n in dir(cls) if not n.startswith("_") and callable(getattr(cls, n))}
+    assert public - {"reset"} == {t.name for t in get_config("baseline").tools}  # TRL shows each one as a tool
 
 
 def test_the_skyrl_launch_is_complete_and_parses(tmp_path):
@@ -325,7 +329,7 @@ def test_qa_rewards_from_the_matcher_identical_across_adapters(qa_rows):
             for reply in transcript[:-1]:
                 (name, args), = trl.text.parse(reply)
                 getattr(trl, name)(**args)
-            rewards["trl"] = trl.finish_reward(transcript[-1])
+            rewards["trl"] = trl_reward(trl, transcript[-1])
             assert len(set(rewards.values())) == 1, (label, rewards)
             seen.add((label, rewards["text"]))
             for closer in (text, gym, env):
