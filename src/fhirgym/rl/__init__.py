@@ -25,6 +25,7 @@ from ._data import (
     write_rows,
 )
 from ._evaluate import pass_at_k, rl_eval
+from ._export import merge_into_gguf, merge_to_hf
 from ._recipes import Recipe, load_recipe, recipe_names, skyrl_overrides, trl_args
 from ._reward import RewardSpec
 from ._skyrl_launch import PAPER_DEFAULTS, launch_overrides, write_launch
@@ -51,6 +52,8 @@ __all__ = [
     "launch_overrides",
     "load_policy",
     "load_recipe",
+    "merge_into_gguf",
+    "merge_to_hf",
     "pass_at_k",
     "plot_curve",
     "qa_questions",
