@@ -47,6 +47,15 @@ def load_policy(model: str, *, dtype: str = "float32") -> tuple[Any, Any]:
             raise FileNotFoundError(f"no GGUF file at {gguf}")
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         net = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch_dtype)
+        # Qwen2/Llama GGUFs load through transformers' legacy loader, which dequantises every tensor into a
+        # plain parameter; the model stays tagged "GGUF-quantised" all the same, and Trainer refuses to train
+        # such a model. The tag is dropped once the parameters are checked to be plain floats.
+        odd = {str(p.dtype) for p in net.parameters() if p.dtype != torch_dtype}
+        if odd:
+            raise ValueError(f"{gguf.name} loaded with {odd} parameters: not trainable as plain {dtype}")
+        net.hf_quantizer = None
+        if hasattr(net.config, "quantization_config"):
+            del net.config.quantization_config
         return net, tok
     if (path / "adapter_config.json").is_file():  # a LoRA checkpoint: its base, then the adapter
         from peft import PeftModel
