@@ -53,9 +53,8 @@ def load_policy(model: str, *, dtype: str = "float32") -> tuple[Any, Any]:
         odd = {str(p.dtype) for p in net.parameters() if p.dtype != torch_dtype}
         if odd:
             raise ValueError(f"{gguf.name} loaded with {odd} parameters: not trainable as plain {dtype}")
-        net.hf_quantizer = None
-        if hasattr(net.config, "quantization_config"):
-            del net.config.quantization_config
+        if getattr(net, "hf_quantizer", None) is not None:
+            net.hf_quantizer.remove_quantization_config(net)
         return net, tok
     if (path / "adapter_config.json").is_file():  # a LoRA checkpoint: its base, then the adapter
         from peft import PeftModel
