@@ -1,6 +1,6 @@
 """A LoRA checkpoint merged into the 0.5B GGUF it was trained from runs on llama.cpp (``fhirgym rl
 export``): the adapted projections are W + (alpha/r)·B·A, everything else is the base file's bytes, and
-a zero adapter leaves greedy decoding unchanged. Uses the real 0.5B GGUF (the ``model`` mark), no torch."""
+a tiny adapter leaves greedy decoding unchanged. Uses the real 0.5B GGUF (the ``model`` mark), no torch."""
 
 from __future__ import annotations
 
@@ -35,8 +35,12 @@ def _adapter(path, b_scale: float, seed: int = 0):
 
 
 def test_merged_gguf_has_the_lora_folded_in_and_runs_on_llama_cpp(tmp_path):
+    """One export: the adapted tensor is dequant(W) + 2·B·A to F16 precision (the delta, ~3e-4, well above
+    F16's rounding on average), the rest is byte-identical, and llama.cpp decodes the merged file; a
+    delta this small leaves greedy decoding where the base's is."""
     from gguf import GGUFReader
     from gguf.quants import dequantize
+    from llama_cpp import Llama
 
     from fhirgym.agents import model_path
     from fhirgym.rl import merge_into_gguf
@@ -47,29 +51,22 @@ def test_merged_gguf_has_the_lora_folded_in_and_runs_on_llama_cpp(tmp_path):
     old, new = GGUFReader(str(base)), GGUFReader(str(out))
     o, n = ({t.name: t for t in r.tensors} for r in (old, new))
     assert list(o) == list(n)
-    pre = "base_model.model.model.layers.0.self_attn.q_proj"
-    want = dequantize(o["blk.0.attn_q.weight"].data, o["blk.0.attn_q.weight"].tensor_type) + 2.0 * (
-        tensors[f"{pre}.lora_B.weight"] @ tensors[f"{pre}.lora_A.weight"])
-    got = np.asarray(n["blk.0.attn_q.weight"].data, dtype=np.float32).reshape(want.shape)
-    assert n["blk.0.attn_q.weight"].tensor_type.name == "F16"
-    assert np.abs(got - want).max() < 2e-3 and np.abs(want - dequantize(o["blk.0.attn_q.weight"].data,
-                                                                         o["blk.0.attn_q.weight"].tensor_type)).max() > 1e-5
+    for name, pre in (("blk.0.attn_q.weight", "0.self_attn.q_proj"), ("blk.3.attn_v.weight", "3.self_attn.v_proj")):
+        pre = f"base_model.model.model.layers.{pre}"
+        w = dequantize(o[name].data, o[name].tensor_type)
+        want = w + 2.0 * (tensors[f"{pre}.lora_B.weight"] @ tensors[f"{pre}.lora_A.weight"])
+        got = np.asarray(n[name].data, dtype=np.float32).reshape(want.shape)
+        assert n[name].tensor_type.name == "F16"
+        assert np.allclose(got, want, rtol=1e-3, atol=1e-6)  # F16's precision
+        assert np.abs(got - want).mean() < np.abs(got - w).mean() / 3  # the delta is in, not rounding noise
     for name in ("blk.0.attn_k.weight", "blk.1.attn_q.weight", "token_embd.weight"):  # untouched: same bytes
         assert n[name].tensor_type == o[name].tensor_type and bytes(n[name].data) == bytes(o[name].data)
     assert {f for f in new.fields if not f.startswith("GGUF.")} == {f for f in old.fields if not f.startswith("GGUF.")}
+    del old, new, o, n
 
-
-def test_a_zero_adapter_decodes_like_the_base(tmp_path):
-    from llama_cpp import Llama
-
-    from fhirgym.agents import model_path
-    from fhirgym.rl import merge_into_gguf
-
-    _adapter(tmp_path / "zero", b_scale=0.0)
-    out = merge_into_gguf(tmp_path / "zero", tmp_path / "zero.gguf")
     prompt = "<|im_start|>user\nWhat is the capital of France? One word.<|im_end|>\n<|im_start|>assistant\n"
     texts = []
-    for path in (model_path("qwen2.5-coder-0.5b"), out):
+    for path in (base, out):
         llm = Llama(str(path), n_ctx=256, n_threads=2, verbose=False, seed=0)
         texts.append(llm(prompt, max_tokens=8, temperature=0.0)["choices"][0]["text"])
         del llm

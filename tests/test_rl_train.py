@@ -269,3 +269,23 @@ def test_eval_protocol_on_a_checkpoint(tiny, world_spec, tmp_path):
     assert report["by_resource_type"]["Patient"]["mean"] == pytest.approx(0.5)
     assert report["mean_turns"] == pytest.approx(1.5)
     assert (tmp_path / "eval" / "episodes.jsonl").is_file() and (tmp_path / "eval" / "report.json").is_file()
+
+
+def test_eval_protocol_on_the_qa_track(tiny, world_spec, tmp_path):
+    """QA: the breakdowns are by the question's gold types and answer shape."""
+    from fhirgym.rl import qa_questions
+    from fhirgym.tasks.qa import reference_reply
+
+    qa = {"per_template": 6, "seed": 0}
+    questions = list(qa_questions(TaskWorld.open(world_spec["path"]), qa).values())
+
+    def replies(i, prompt):
+        q = next(q for q in questions if q.question in prompt)
+        return reference_reply(q) if i % 2 == 0 else "The final answer is: 7 giraffes"
+
+    model, tok = _scripted(tiny, replies)
+    report = rl_eval(model, tok, track="qa", split="test", tasks="qa.gender,qa.count_drugs", per_family=1, n=2,
+                     world=world_spec, qa=qa, max_turns=2, max_new_tokens=64)
+    assert report["prompts"] == 2 and report["mean"] == pytest.approx(0.5) and report["pass@k"]["2"] == 1.0
+    assert set(report["by_shape"]) == {"text", "count"} and "Patient" in report["by_resource_type"]
+    assert report["mean_turns"] == 1.0
