@@ -10,6 +10,7 @@ import time
 import orjson
 import pytest
 
+from fhirgym.env import get_config
 from fhirgym.rl import (
     FhirTextEnv,
     RewardSpec,
@@ -23,6 +24,7 @@ from fhirgym.rl import (
     skyrl_overrides,
     trl_args,
     trl_environment,
+    trl_reward,
     write_launch,
     write_rows,
 )
@@ -137,7 +139,7 @@ def test_same_transcript_same_reward_in_every_adapter(world_spec):
                     final = t
                     break
                 obs = getattr(trl, calls[0][0])(**calls[0][1])
-            rewards["trl"] = trl.finish_reward(final)
+            rewards["trl"] = trl_reward(trl, final)
             assert len(set(rewards.values())) == 1, (label, rewards)
             assert rewards["text"] == (1.0 if label == "solve" else 0.0)
             for closer in (text, gym, env):
@@ -229,7 +231,9 @@ def test_trl_environment_exposes_the_tools_as_documented_methods():
     sig = inspect.signature(search)
     assert list(sig.parameters)[:2] == ["self", "resourceType"] and sig.parameters["params"].default is None
     assert "Args:" in search.__doc__ and "resourceType:" in search.__doc__
-    assert {"reset", "finish_reward", "createResource"} <= set(dir(cls))
+    assert {"reset", "createResource"} <= set(dir(cls))
+    public = {n for n in dir(cls) if not n.startswith("_") and callable(getattr(cls, n))}
+    assert public - {"reset"} == {t.name for t in get_config("baseline").tools}  # TRL shows each one as a tool
 
 
 def test_the_skyrl_launch_is_complete_and_parses(tmp_path):
@@ -245,9 +249,111 @@ def test_the_skyrl_launch_is_complete_and_parses(tmp_path):
     parsed = OmegaConf.from_dotlist([f"{k}={v}" for k, v in overrides.items()])
     assert parsed.trainer.algorithm.dynamic_sampling.type == "filter"
     assert parsed.generator.n_samples_per_prompt == 8 and next(iter(parsed.data.train_data)).endswith("train.parquet")
+    assert launch_overrides(recipe, tmp_path / "data", track="qa")["environment.env_class"] == "fhirgym-qa"
 
 
 def test_skyrl_env_class_is_a_base_text_env():
     from skyrl_gym.envs.base_text_env import BaseTextEnv
 
     assert issubclass(skyrl_env_class(), BaseTextEnv)
+
+
+# -- the QA track ------------------------------------------------------------------------------------
+
+QA_SET = {"per_template": 6, "seed": 0}
+
+
+@pytest.fixture(scope="module")
+def qa_rows(world_spec):
+    return {split: dataset_rows("qa", split, tasks="qa.gender,qa.lab_value,qa.count_drugs", per_family=3,
+                                world=world_spec, qa=QA_SET) for split in ("train", "valid", "test")}
+
+
+def test_qa_rows_split_by_patient_and_carry_no_gold(qa_rows, world_spec, tmp_path):
+    from fhirgym.rl import qa_questions
+
+    patients = {s: {r["extra_info"]["patient_id"] for r in rows} for s, rows in qa_rows.items()}
+    assert all(patients.values())
+    assert not (patients["train"] & patients["valid"] or patients["train"] & patients["test"]
+                or patients["valid"] & patients["test"])
+    row = qa_rows["train"][0]
+    assert row["env_class"] == "fhirgym-qa" and row["data_source"] == "fhirgym/qa"
+    assert set(row) == {"data_source", "prompt", "env_class", "reward_spec", "extra_info"}
+    assert [m["role"] for m in row["prompt"]] == ["system", "user"] and "Question:" in row["prompt"][1]["content"]
+    tw = TaskWorld.open(row["extra_info"]["world"]["path"])
+    questions = qa_questions(tw, QA_SET)
+    for rows in qa_rows.values():
+        for r in rows:
+            q = questions[r["extra_info"]["question_id"]]
+            flat = orjson.dumps(r).decode()
+            hidden = [i for t, ids in q.gold_ids.items() if t != "Patient" for i in ids]  # the prompt names the patient
+            assert "gold" not in flat and not any(i in flat for i in hidden) and "answer" not in r["extra_info"]
+    paths = write_rows(qa_rows["valid"], tmp_path, "valid")
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(paths[1]).num_rows == len(qa_rows["valid"])
+    with pytest.raises(ValueError, match="selects no QA template"):
+        dataset_rows("qa", "train", tasks="qa.nope", world=world_spec, qa=QA_SET)
+
+
+def test_qa_rewards_from_the_matcher_identical_across_adapters(qa_rows):
+    from fhirgym.rl import qa_questions, register_skyrl
+    from fhirgym.tasks.qa import reference_reply
+
+    register_skyrl()
+    import skyrl_gym
+
+    rows = [r for r in qa_rows["valid"] if r["extra_info"]["task_id"] in ("qa.gender", "qa.count_drugs")]
+    assert rows
+    tw = TaskWorld.open(rows[0]["extra_info"]["world"]["path"])
+    seen = set()
+    for row in rows:
+        extra = row["extra_info"]
+        q = qa_questions(tw, QA_SET)[extra["question_id"]]
+        transcripts = {"right": [reference_reply(q)], "wrong": ["The final answer is: 7 giraffes"],
+                       "tool then right": [_call("searchResources", {"resourceType": "Patient", "params": {
+                           "_id": q.patient_id}}), reference_reply(q)]}
+        for label, transcript in transcripts.items():
+            rewards = {}
+            text = TextEpisode(instance_for(extra))
+            text.reset()
+            rewards["text"] = _run_text(_text_step(text), transcript)[0]
+            gym = FhirTextEnv()
+            gym.reset(options={"extra_info": extra})
+            rewards["gym"] = _run_text(_gym_step(gym), transcript)[0]
+            env = skyrl_gym.make("fhirgym-qa", env_config={}, extras={"extra_info": extra})
+            env.init(row["prompt"])
+            rewards["skyrl"] = _run_text(_skyrl_step(env), transcript)[0]
+            trl = trl_environment()()
+            trl.reset(**row)
+            for reply in transcript[:-1]:
+                (name, args), = trl.text.parse(reply)
+                getattr(trl, name)(**args)
+            rewards["trl"] = trl_reward(trl, transcript[-1])
+            assert len(set(rewards.values())) == 1, (label, rewards)
+            seen.add((label, rewards["text"]))
+            for closer in (text, gym, env):
+                closer.close()
+    assert {("right", 1.0), ("tool then right", 1.0)} <= seen and ("wrong", 1.0) not in seen
+
+
+def test_qa_reward_can_come_from_the_judge(qa_rows):
+    from fhirgym.runner import JudgeVerdict
+
+    class Judge:  # a stand-in for runner.LlmJudge: the reward follows its word, not the matcher's
+        def __init__(self, says: bool) -> None:
+            self.says, self.asked = says, []
+
+        def judge(self, question, gold, answer):
+            self.asked.append((question, gold, answer))
+            return JudgeVerdict(self.says, str(int(self.says)), False)
+
+    extra = qa_rows["valid"][0]["extra_info"]
+    for says in (True, False):
+        judge = Judge(says)
+        text = TextEpisode(instance_for(extra), reward=RewardSpec(judge=judge))
+        text.reset()
+        step = text.step("The final answer is: 7 giraffes")
+        assert step.reward == float(says) and step.info["success"] is says
+        assert judge.asked[0][2] == "The final answer is: 7 giraffes" and "Question:" in judge.asked[0][0]
+        text.close()

@@ -735,22 +735,32 @@ def rl_group() -> None:
 
 @rl_group.command("dataset")
 @_families_option
-@click.option("--track", type=click.Choice(["action"]), default="action", show_default=True)
+@click.option("--track", type=click.Choice(["action", "qa"]), default="action", show_default=True)
 @click.option("--split", type=click.Choice(["train", "valid", "test"]), default="train", show_default=True)
-@click.option("--tasks", "selector", default=None, help="Task selector  [default: all]")
-@click.option("--per-family", default=8, show_default=True, help="Instances per family (seeds of the split).")
+@click.option("--tasks", "selector", default=None,
+              help="Task selector (QA: qa.<template> ids or globs)  [default: all]")
+@click.option("--per-family", default=8, show_default=True,
+              help="Instances per family (seeds of the split); QA: questions per template of the split.")
 @click.option("--max-turns", default=12, show_default=True)
+@click.option("--config", default="baseline", show_default=True, help="Configuration (tools) of the prompts.")
+@click.option("--qa-per-template", default=20, show_default=True, help="QA: size of the question set built.")
+@click.option("--qa-seed", default=0, show_default=True, help="QA: seed of the question set.")
 @click.option("--format", "formats", default="jsonl,parquet", show_default=True, help="jsonl and/or parquet.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
 @click.option("--world-seed", default=DEFAULT_SEED, show_default=True)
 @click.option("--patients", default=DEFAULT_PATIENTS, show_default=True)
-def rl_dataset(track: str, split: str, selector: str | None, per_family: int, max_turns: int, formats: str, out: Path,
-               world_seed: int, patients: int) -> None:
-    """Rows in SkyRL's layout (data_source, prompt, env_class, reward_spec, extra_info); TRL reads them too."""
+def rl_dataset(track: str, split: str, selector: str | None, per_family: int, max_turns: int, config: str,
+               qa_per_template: int, qa_seed: int, formats: str, out: Path, world_seed: int, patients: int) -> None:
+    """Rows in SkyRL's layout (data_source, prompt, env_class, reward_spec, extra_info); TRL reads them too.
+    QA rows come from a question set split by patient, so splits never share a patient."""
     from .rl import dataset_rows, write_rows
 
-    rows = dataset_rows(track, split, tasks=_selector(selector, "all"), per_family=per_family, max_turns=max_turns,
-                        world={"seed": world_seed, "patients": patients})
+    try:
+        rows = dataset_rows(track, split, tasks=_selector(selector, "all"), per_family=per_family,
+                            max_turns=max_turns, world={"seed": world_seed, "patients": patients}, config=config,
+                            qa={"per_template": qa_per_template, "seed": qa_seed})
+    except (ValueError, KeyError) as exc:
+        raise click.ClickException(str(exc)) from None
     try:
         paths = write_rows(rows, out, split, tuple(f.strip() for f in formats.split(",") if f.strip()))
     except RuntimeError as exc:
@@ -773,13 +783,153 @@ def rl_recipes(as_json: bool) -> None:
         click.echo(f"{name}: {r['description']}")
 
 
+def _qa_world(world_seed: int, patients: int, qa_per_template: int, qa_seed: int) -> tuple[dict, dict]:
+    return {"seed": world_seed, "patients": patients}, {"per_template": qa_per_template, "seed": qa_seed}
+
+
+def _rl_common(fn):
+    """Options shared by ``rl train`` and ``rl eval``: track, tasks, world, QA set, turns, lengths."""
+    for opt in reversed([
+        click.option("--track", type=click.Choice(["action", "qa"]), default="action", show_default=True),
+        click.option("--tasks", "selector", default="all", show_default=True,
+                     help="Task selector (QA: qa.<template> ids or globs)."),
+        click.option("--per-family", default=4, show_default=True,
+                     help="Rows per family (QA: per template) of the split."),
+        click.option("--config", default="baseline", show_default=True, help="Configuration (tools)."),
+        click.option("--max-turns", type=int, default=None, help="Model turns per episode (default: the recipe's; eval 6)."),
+        click.option("--max-new-tokens", type=int, default=None,
+                     help="Tokens per completion (train: the whole multi-turn completion; eval: per turn)."),
+        click.option("--world-seed", default=42, show_default=True),
+        click.option("--patients", default=10, show_default=True),
+        click.option("--qa-per-template", default=20, show_default=True, help="QA: size of the question set."),
+        click.option("--qa-seed", default=0, show_default=True),
+        click.option("--threads", type=int, default=None, help="torch threads (default: torch's choice)."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+@rl_group.command("train")
+@click.option("--recipe", default="clip-higher", show_default=True, help="A shipped recipe name or a TOML file.")
+@click.option("--model", default="qwen2.5-coder-0.5b", show_default=True,
+              help="qwen2.5-coder-0.5b/1.5b (fhirgym's GGUF), a .gguf path, a model directory or a HF hub id.")
+@_rl_common
+@click.option("--steps", default=10, show_default=True, help="Optimiser steps in all (a resumed run counts on).")
+@click.option("--group-size", type=int, default=None, help="Completions per prompt (default: the recipe's).")
+@click.option("--prompts-per-batch", default=2, show_default=True, help="Prompts per rollout batch.")
+@click.option("--updates-per-batch", type=int, default=None,
+              help="Optimiser steps per rollout batch (default: the recipe's; above 1 the clip acts).")
+@click.option("--lr", type=float, default=None, help="Learning rate (default: the recipe's).")
+@click.option("--lora-r", default=16, show_default=True)
+@click.option("--save-steps", default=5, show_default=True, help="Checkpoint every N steps.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--resume", is_flag=True, help="Go on from the last checkpoint in --out.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
+def rl_train(recipe: str, model: str, track: str, selector: str, per_family: int, config: str, max_turns: int | None,
+             max_new_tokens: int | None, world_seed: int, patients: int, qa_per_template: int, qa_seed: int,
+             threads: int | None, steps: int, group_size: int | None, prompts_per_batch: int,
+             updates_per_batch: int | None, lr: float | None, lora_r: int, save_steps: int, seed: int, resume: bool,
+             out: Path) -> None:
+    """GRPO with LoRA on the CPU (TRL's GRPOTrainer; needs `pip install 'fhirgym[rl]'`). Writes checkpoints,
+    curve.jsonl and curve.png as it goes, then final/ (the LoRA adapter) and summary.json."""
+    try:
+        import trl  # noqa: F401
+
+        from .rl import TrainSpec, train
+    except ImportError as exc:
+        raise click.ClickException(f"rl train needs the rl extra: pip install 'fhirgym[rl]' ({exc})") from None
+    world, qa = _qa_world(world_seed, patients, qa_per_template, qa_seed)
+    spec = TrainSpec(out=out, recipe=recipe, model=model, track=track, tasks=selector, per_family=per_family,
+                     world=world, qa=qa, config=config, max_steps=steps, group_size=group_size,
+                     prompts_per_batch=prompts_per_batch, updates_per_batch=updates_per_batch, max_turns=max_turns,
+                     max_new_tokens=max_new_tokens, lr=lr, lora_r=lora_r, save_steps=save_steps, seed=seed,
+                     resume=resume, threads=threads)
+    try:
+        summary = train(spec)
+    except (ValueError, FileNotFoundError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(json.dumps(summary, indent=1))
+
+
+@rl_group.command("eval")
+@click.option("--model", required=True,
+              help="A checkpoint directory (LoRA or HF), a .gguf path or qwen2.5-coder-0.5b (torch), or a fhirgym "
+                   "backend string: local/<model or .gguf> (llama.cpp), openai/<model>, openai-compatible/<model>.")
+@click.option("--base-url", default=None, help="Endpoint of an openai-compatible/<model>.")
+@click.option("--n", "n", default=4, show_default=True, help="Passes per prompt.")
+@click.option("--split", type=click.Choice(["train", "valid", "test"]), default="test", show_default=True)
+@click.option("--temperature", default=1.0, show_default=True)
+@click.option("--seed", default=0, show_default=True)
+@_rl_common
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
+def rl_eval_cmd(model: str, base_url: str | None, n: int, split: str, temperature: float, seed: int, track: str,
+                selector: str, per_family: int, config: str, max_turns: int | None, max_new_tokens: int | None,
+                world_seed: int, patients: int, qa_per_template: int, qa_seed: int, threads: int | None,
+                out: Path) -> None:
+    """The RL evaluation protocol: n passes per held-out prompt; mean ± sd, pass@k, breakdowns by resource
+    type and answer shape, mean turns (report.json, episodes.jsonl)."""
+    from .rl import rl_eval
+
+    world, qa = _qa_world(world_seed, patients, qa_per_template, qa_seed)
+    tokenizer = None
+    try:
+        if model.split("/", 1)[0] in ("local", "openai", "openai-compatible"):
+            from .agents import make_backend
+
+            policy = make_backend(model, base_url=base_url)
+        else:
+            try:
+                import torch
+
+                from .rl import load_policy
+            except ImportError as exc:
+                raise click.ClickException(f"a torch model needs the rl extra: pip install 'fhirgym[rl]' ({exc})") from None
+            if threads:
+                torch.set_num_threads(threads)
+            policy, tokenizer = load_policy(model)
+            policy.eval()
+        report = rl_eval(policy, tokenizer, track=track, split=split, tasks=selector, per_family=per_family, n=n,
+                         world=world, qa=qa, config=config, max_turns=max_turns or 6,
+                         max_new_tokens=max_new_tokens or 512, temperature=temperature, seed=seed, out=out)
+    except (ValueError, FileNotFoundError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{report['prompts']} prompts × {n}: reward {report['mean']:.3f} ± {report['sd']:.3f} (sd over passes), "
+               + ", ".join(f"pass@{k} {v:.3f}" for k, v in report["pass@k"].items())
+               + f", mean turns {report['mean_turns']:.2f}")
+    for name in ("by_resource_type", "by_shape"):
+        click.echo(f"{name}: " + ", ".join(f"{k} {v['mean']:.2f} ({v['episodes']})" for k, v in report[name].items()))
+    click.echo(f"→ {out / 'report.json'}")
+
+
+@rl_group.command("export")
+@click.option("--checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
+              help="A LoRA checkpoint of rl train (final/ or checkpoint-N/).")
+@click.option("--out", type=click.Path(path_type=Path), required=True,
+              help="FILE.gguf (merged into the base GGUF, for llama.cpp) or, with --hf, a directory.")
+@click.option("--hf", is_flag=True, help="Write a merged Hugging Face directory instead (needs torch).")
+def rl_export(checkpoint: Path, out: Path, hf: bool) -> None:
+    """Merge a LoRA checkpoint so `fhirgym eval` can serve it: into the base GGUF (then
+    `fhirgym eval --agent react --model local/OUT.gguf`), or into a Hugging Face directory."""
+    try:
+        from .rl import merge_into_gguf, merge_to_hf
+
+        path = merge_to_hf(checkpoint, out) if hf else merge_into_gguf(checkpoint, out)
+    except ImportError as exc:
+        raise click.ClickException(f"rl export needs the rl extra: pip install 'fhirgym[rl]' ({exc})") from None
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"wrote {path}" + ("" if hf else f"; evaluate it with: fhirgym eval --agent react --model local/{path}"))
+
+
 @rl_group.command("skyrl")
 @click.option("--recipe", default="clip-higher", show_default=True, help="A shipped recipe name or a TOML file.")
 @click.option("--data", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Directory with train.parquet and valid.parquet (fhirgym rl dataset).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
+@click.option("--track", type=click.Choice(["action", "qa"]), default="action", show_default=True,
+              help="Which environment class the rows name (fhirgym-action or fhirgym-qa).")
 @click.option("--set", "sets", multiple=True, help="Extra SkyRL override key=value (repeatable).")
-def rl_skyrl(recipe: str, data: Path, out: Path, sets: tuple[str, ...]) -> None:
+def rl_skyrl(recipe: str, data: Path, out: Path, track: str, sets: tuple[str, ...]) -> None:
     """Write a SkyRL 0.4 launch (GPU machines only; SkyRL needs Python >= 3.12 and CUDA)."""
     from .rl import load_recipe, write_launch
 
@@ -790,7 +940,7 @@ def rl_skyrl(recipe: str, data: Path, out: Path, sets: tuple[str, ...]) -> None:
             raise click.ClickException(f"--set {item!r}: expected key=value")
         extra[key] = value
     try:
-        script = write_launch(load_recipe(recipe), data.resolve(), out, extra)
+        script = write_launch(load_recipe(recipe), data.resolve(), out, extra, track=track)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"wrote {script} (run it on a GPU machine with skyrl[fsdp]==0.4.0 and fhirgym installed)")

@@ -8,7 +8,7 @@ embedded llama.cpp models, and a scripted backend for tests (``make_backend("loc
 """
 
 from ._agent import STOP_REASONS, Agent, AgentResult, AgentTask, clock_block, instantiate, load_class
-from ._backend import BackendError, ChatBackend, ChatResult, ContextLengthExceeded, ToolCall
+from ._backend import LOCAL_MODELS, BackendError, ChatBackend, ChatResult, ContextLengthExceeded, ToolCall
 from ._builtin import CommandAgent, GuessAgent, NothingFoundAgent, NullAgent, ReferenceAgent
 from ._codeact import CODE_BLOCK, CODEACT_SYSTEM_PROMPT, CodeActAgent
 from ._factory import (
@@ -32,6 +32,7 @@ __all__ = [
     "CODE_BLOCK",
     "DEFAULT_MODEL",
     "INFRASTRUCTURE_ERRORS",
+    "LOCAL_MODELS",
     "MODEL_AGENTS",
     "STOP_REASONS",
     "SYSTEM_PROMPT",

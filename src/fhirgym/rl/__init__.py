@@ -6,19 +6,35 @@
     messages = text.reset()                       # system (tools in Qwen's <tools> block) + user
     step = text.step(model_reply)                 # observations, reward, done, info
 
-Adapters: ``skyrl_env_class()``/``register_skyrl()`` (skyrl-gym's ``BaseTextEnv``, ids ``fhirgym-action``),
+Adapters: ``skyrl_env_class()``/``register_skyrl()`` (skyrl-gym's ``BaseTextEnv``, ids ``fhirgym-action``, ``fhirgym-qa``),
 ``FhirTextEnv`` (Gymnasium-style), ``trl_environment()`` (TRL's ``environment_factory``). Recipes:
 ``load_recipe("clip-higher")`` → ``trl_args`` / ``skyrl_overrides``; ``write_launch`` writes a SkyRL run.
+CPU training (``pip install 'fhirgym[rl]'``): ``train(TrainSpec(out, recipe, model, track))`` on TRL's
+GRPOTrainer with LoRA; ``rl_eval(model, tokenizer, n=4)`` is the evaluation protocol (docs/RL.md).
 """
 
-from ._adapters import FhirTextEnv, register_skyrl, skyrl_env_class, trl_environment
-from ._data import DEFAULT_WORLD, ENV_CLASSES, SPLITS, dataset_rows, instance_for, write_rows
+from ._adapters import FhirTextEnv, register_skyrl, skyrl_env_class, trl_environment, trl_reward
+from ._data import (
+    DEFAULT_QA,
+    DEFAULT_WORLD,
+    ENV_CLASSES,
+    SPLITS,
+    dataset_rows,
+    instance_for,
+    qa_questions,
+    write_rows,
+)
+from ._evaluate import pass_at_k, rl_eval
+from ._export import merge_into_gguf, merge_to_hf
 from ._recipes import Recipe, load_recipe, recipe_names, skyrl_overrides, trl_args
 from ._reward import RewardSpec
 from ._skyrl_launch import PAPER_DEFAULTS, launch_overrides, write_launch
 from ._text import TEXT_BUDGET, TextEpisode, TextStep, tool_block
+from ._trainer import DEFAULT_POLICY, TrainSpec, build_trainer, load_policy, plot_curve, train
 
 __all__ = [
+    "DEFAULT_POLICY",
+    "DEFAULT_QA",
     "DEFAULT_WORLD",
     "ENV_CLASSES",
     "PAPER_DEFAULTS",
@@ -29,17 +45,28 @@ __all__ = [
     "RewardSpec",
     "TextEpisode",
     "TextStep",
+    "TrainSpec",
+    "build_trainer",
     "dataset_rows",
     "instance_for",
     "launch_overrides",
+    "load_policy",
     "load_recipe",
+    "merge_into_gguf",
+    "merge_to_hf",
+    "pass_at_k",
+    "plot_curve",
+    "qa_questions",
     "recipe_names",
     "register_skyrl",
+    "rl_eval",
     "skyrl_env_class",
     "skyrl_overrides",
     "tool_block",
+    "train",
     "trl_args",
     "trl_environment",
+    "trl_reward",
     "write_launch",
     "write_rows",
 ]

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from ..env import get_config
-from ._data import instance_for
+from ._data import ENV_CLASSES, instance_for
 from ._reward import RewardSpec
 from ._text import TEXT_BUDGET, TextEpisode, TextStep
 
@@ -91,11 +91,14 @@ def skyrl_env_class():
 
 
 def register_skyrl() -> None:
-    """Register ``fhirgym-action`` with skyrl-gym (call it inside SkyRL's Ray entrypoint too)."""
+    """Register ``fhirgym-action`` and ``fhirgym-qa`` with skyrl-gym (call it inside SkyRL's Ray entrypoint
+    too). One class serves both: the row's ``extra_info.track`` says which instance to build."""
     from skyrl_gym.envs.registration import register, registry
 
-    if "fhirgym-action" not in registry:
-        register(id="fhirgym-action", entry_point=skyrl_env_class())
+    cls = skyrl_env_class()
+    for env_id in ENV_CLASSES.values():
+        if env_id not in registry:
+            register(id=env_id, entry_point=cls)
 
 
 # -- TRL -----------------------------------------------------------------------------------------------
@@ -142,8 +145,9 @@ def _tool_method(tool) -> Any:
 
 def trl_environment(config: str = "baseline", reward: RewardSpec | None = None) -> type:
     """A class for ``GRPOTrainer(environment_factory=...)``: ``reset(**row)``, one public method per tool of
-    ``config``, and :meth:`finish_reward` for the reward function (TRL ends a rollout on a reply without
-    a tool call, so the reward function hands that final text over)."""
+    ``config`` (TRL shows every public method to the model as a tool, so there is no other). TRL ends a
+    rollout on a reply without a tool call, which the environment never sees: the reward function hands
+    that final text over with :func:`trl_reward`."""
     namespace: dict[str, Any] = {}
     for tool in get_config(config).tools:
         namespace[tool.name] = _tool_method(tool)
@@ -164,13 +168,14 @@ def trl_environment(config: str = "baseline", reward: RewardSpec | None = None) 
         return orjson.dumps(self.text.episode.step({"name": name, "arguments": arguments}).output,
                             default=str).decode()
 
-    def finish_reward(self, final_text: str) -> float:
-        """Judge the episode on the model's final reply (once); the reward as every adapter gives it."""
-        if self.text.verdict is None:
-            self.text.finish(final_text)
-        return self.text.last_reward
-
-    namespace.update(__init__=__init__, reset=reset, _call=_call, finish_reward=finish_reward,
+    namespace.update(__init__=__init__, reset=reset, _call=_call,
                      __doc__="fhirgym episode for TRL's environment_factory (tools: "
                              + ", ".join(t.name for t in get_config(config).tools) + ").")
     return type("FhirTrlEnv", (), namespace)
+
+
+def trl_reward(env: Any, final_text: str | None) -> float:
+    """Judge a TRL environment's episode on the model's final reply (once); the reward every adapter gives."""
+    if env.text.verdict is None:
+        env.text.finish(final_text)
+    return env.text.last_reward

@@ -3,7 +3,9 @@
 A row names its instance (track, task, seed, split) and the world it comes from (world seed and patient
 count: worlds are built deterministically, so a GPU machine rebuilds the same one; the sha256 is there
 to check). It never carries the gold: the environment rebuilds the instance and judges the episode.
-Splits are disjoint seed ranges, so train, valid and test never share a (family, seed).
+Action splits are disjoint seed ranges, so train, valid and test never share a (family, seed). QA rows
+name a question of the set ``build_questions(world, per_template, seed)`` makes (by its id); that set is
+split by patient, so the splits never share a QA patient.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import orjson
 
 from ..tasks import Instance, TaskInfeasible, TaskWorld, make_instance, select
+from ..tasks.qa import QaFamily, QaQuestion, build_questions, qa_instance
 from ..world import DEFAULT_PATIENTS, DEFAULT_SEED, build_world, world_sha256
 from ._text import TextEpisode
 
@@ -23,6 +26,8 @@ from ._text import TextEpisode
 SPLITS = {"train": range(0, 10_000), "valid": range(10_000, 11_000), "test": range(11_000, 12_000)}
 ENV_CLASSES = {"action": "fhirgym-action", "qa": "fhirgym-qa"}
 DEFAULT_WORLD = {"seed": DEFAULT_SEED, "patients": DEFAULT_PATIENTS}
+#: The QA question set rows name by default: ``build_questions(world, per_template, seed)``.
+DEFAULT_QA = {"per_template": 20, "seed": 0}
 
 _INSTANCES: OrderedDict[tuple, Instance] = OrderedDict()
 _LOCK = threading.Lock()
@@ -37,17 +42,39 @@ def world_of(spec: dict | None) -> TaskWorld:
     return TaskWorld.open(build_world(seed=int(spec["seed"]), patients=int(spec["patients"])).path)
 
 
+_QUESTIONS: dict[tuple, dict[str, QaQuestion]] = {}
+
+
+def qa_questions(world: TaskWorld, qa: dict | None = None) -> dict[str, QaQuestion]:
+    """The question set ``qa`` (``{"per_template", "seed"}``) names on ``world``, by id; built once per process."""
+    qa = qa or DEFAULT_QA
+    key = (str(world.path), int(qa["per_template"]), int(qa["seed"]))
+    with _LOCK:
+        if key not in _QUESTIONS:
+            _QUESTIONS[key] = {q.id: q for q in build_questions(world, key[1], key[2])}
+        return _QUESTIONS[key]
+
+
 def instance_for(extra: dict) -> Instance:
     """The instance a row's ``extra_info`` names; the last few hundred are kept, so a reset stays cheap."""
-    if extra.get("track", "action") != "action":
-        raise ValueError(f"track {extra.get('track')!r} has no environment yet (only 'action')")
+    track = extra.get("track", "action")
+    if track not in ENV_CLASSES:
+        raise ValueError(f"unknown track {track!r}; use {' or '.join(ENV_CLASSES)}")
     world = world_of(extra.get("world"))
-    key = (str(world.path), extra["task_id"], int(extra["seed"]))
+    ident = extra["question_id"] if track == "qa" else int(extra["seed"])
+    key = (str(world.path), track, extra["task_id"], ident)
     with _LOCK:
         if key in _INSTANCES:
             _INSTANCES.move_to_end(key)
             return _INSTANCES[key]
-    inst = make_instance(extra["task_id"], int(extra["seed"]), world)
+    if track == "qa":
+        question = qa_questions(world, extra.get("qa")).get(extra["question_id"])
+        if question is None:
+            raise ValueError(f"no QA question {extra['question_id']!r} in the set {extra.get('qa') or DEFAULT_QA} "
+                             f"of world {world.path}")
+        inst = qa_instance(question, world)
+    else:
+        inst = make_instance(extra["task_id"], int(extra["seed"]), world)
     with _LOCK:
         _INSTANCES[key] = inst
         while len(_INSTANCES) > _CACHED:
@@ -55,16 +82,28 @@ def instance_for(extra: dict) -> Instance:
     return inst
 
 
+def _prompt(inst: Instance, max_turns: int, config: str) -> list[dict]:
+    text = TextEpisode(inst, config, max_turns=max_turns)
+    try:
+        return text.reset()
+    finally:
+        text.close()
+
+
 def dataset_rows(track: str = "action", split: str = "train", *, tasks: str = "all", per_family: int = 8,
-                 world: dict | None = None, max_turns: int = 12) -> list[dict[str, Any]]:
-    """Rows for ``per_family`` instances of every selected family, from the split's seed range."""
-    if track != "action":
-        raise ValueError("only the action track has RL rows so far (QA rows are not built yet)")
+                 world: dict | None = None, max_turns: int = 12, qa: dict | None = None,
+                 config: str = "baseline") -> list[dict[str, Any]]:
+    """Rows for ``per_family`` instances of every selected family, from the split's seed range; QA:
+    ``per_family`` questions of every selected template (``qa.<template>`` ids or globs) from the split."""
+    if track not in ENV_CLASSES:
+        raise ValueError(f"unknown track {track!r}; use {' or '.join(ENV_CLASSES)}")
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; use {', '.join(SPLITS)}")
     world = world or DEFAULT_WORLD
     tw = world_of(world)
     sha = world_sha256(tw.path)
+    if track == "qa":
+        return _qa_rows(tw, {**world, "sha256": sha}, split, tasks, per_family, max_turns, qa or DEFAULT_QA, config)
     rows = []
     for fam in select(tasks):
         taken = 0
@@ -75,11 +114,7 @@ def dataset_rows(track: str = "action", split: str = "train", *, tasks: str = "a
                 inst = instance_for({"task_id": fam.id, "seed": seed, "world": world})
             except TaskInfeasible:
                 continue
-            text = TextEpisode(inst, max_turns=max_turns)
-            try:
-                prompt = text.reset()
-            finally:
-                text.close()
+            prompt = _prompt(inst, max_turns, config)
             rows.append({"data_source": f"fhirgym/{track}", "prompt": prompt, "env_class": ENV_CLASSES[track],
                          "reward_spec": {"method": "rule", "ground_truth": None},
                          "extra_info": {"track": track, "task_id": fam.id, "seed": seed, "split": split,
@@ -87,6 +122,34 @@ def dataset_rows(track: str = "action", split: str = "train", *, tasks: str = "a
                                         "writes": inst.writes, "world": {**world, "sha256": sha},
                                         "max_turns": max_turns}})
             taken += 1
+    return rows
+
+
+def _qa_rows(tw: TaskWorld, world: dict, split: str, tasks: str, per_template: int, max_turns: int,
+             qa: dict, config: str) -> list[dict[str, Any]]:
+    by_template: dict[str, list[QaQuestion]] = {}
+    for q in qa_questions(tw, qa).values():
+        if q.split == split:
+            by_template.setdefault(q.template, []).append(q)
+    templates = [QaFamily(qs[0]) for qs in by_template.values()]
+    try:
+        fams = select("all" if tasks in ("all", "default") else tasks, among=templates)
+    except KeyError:
+        fams = []
+    if not fams:
+        raise ValueError(f"--tasks {tasks!r} selects no QA template; see `fhirgym qa templates`")
+    rows = []
+    for fam in fams:
+        for q in by_template[fam.id[3:]][:per_template]:
+            prompt = _prompt(qa_instance(q, tw), max_turns, config)
+            rows.append({"data_source": "fhirgym/qa", "prompt": prompt, "env_class": ENV_CLASSES["qa"],
+                         "reward_spec": {"method": "rule", "ground_truth": None},
+                         "extra_info": {"track": "qa", "task_id": fam.id, "question_id": q.id, "seed": q.seed,
+                                        "split": split, "patient_id": q.patient_id, "shape": q.shape,
+                                        "category": "qa", "difficulty": fam.difficulty, "writes": False,
+                                        "world": world, "qa": {"per_template": int(qa["per_template"]),
+                                                               "seed": int(qa["seed"])},
+                                        "max_turns": max_turns}})
     return rows
 
 

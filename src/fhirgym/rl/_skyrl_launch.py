@@ -10,6 +10,7 @@ import json
 import shlex
 from pathlib import Path
 
+from ._data import ENV_CLASSES
 from ._recipes import Recipe, skyrl_overrides
 
 #: The paper's setting (Qwen3-8B, 8 GPUs, colocated FSDP + vLLM); every key can be overridden.
@@ -36,17 +37,19 @@ def _value(v: object) -> str:
     return ("true" if v else "false") if isinstance(v, bool) else str(v)
 
 
-def launch_overrides(recipe: Recipe, data_dir: Path, extra: dict | None = None) -> dict[str, str]:
+def launch_overrides(recipe: Recipe, data_dir: Path, extra: dict | None = None, *,
+                     track: str = "action") -> dict[str, str]:
     out: dict[str, object] = {"data.train_data": json.dumps([str(data_dir / "train.parquet")]),
                               "data.val_data": json.dumps([str(data_dir / "valid.parquet")]),
-                              **PAPER_DEFAULTS, **skyrl_overrides(recipe), **(extra or {})}
+                              **PAPER_DEFAULTS, **skyrl_overrides(recipe, ENV_CLASSES[track]), **(extra or {})}
     return {k: _value(v) for k, v in out.items()}
 
 
-def write_launch(recipe: Recipe, data_dir: Path, out: Path, extra: dict | None = None) -> Path:
+def write_launch(recipe: Recipe, data_dir: Path, out: Path, extra: dict | None = None, *,
+                 track: str = "action") -> Path:
     """``out/launch.sh``: run it on the GPU machine from an environment with ``skyrl[fsdp]`` and fhirgym."""
     out.mkdir(parents=True, exist_ok=True)
-    args = " \\\n  ".join(shlex.quote(f"{k}={v}") for k, v in launch_overrides(recipe, data_dir, extra).items())
+    args = " \\\n  ".join(shlex.quote(f"{k}={v}") for k, v in launch_overrides(recipe, data_dir, extra, track=track).items())
     script = out / "launch.sh"
     script.write_text(
         "#!/usr/bin/env bash\n"

@@ -117,9 +117,11 @@ class TextEpisode:
 
     def _end(self, answer: str | None, why: str) -> TextStep:
         self.verdict = self.episode.submit(answer)
-        reward = self.reward_spec.reward(self.verdict, self.malformed, self.episode.instance.writes)
+        inst = self.episode.instance
+        correct = self.reward_spec.correct(inst, self.verdict, answer)
+        reward = self.reward_spec.reward(self.verdict, self.malformed, inst.writes, correct)
         self.last_reward = reward
-        return TextStep([], reward, True, {"turn": self.turns, "stop": why, "success": self.verdict.success,
+        return TextStep([], reward, True, {"turn": self.turns, "stop": why, "success": correct,
                                            "light_success": self.verdict.light_success,
                                            "malformed_turns": self.malformed, "reasons": self.verdict.reasons})
 

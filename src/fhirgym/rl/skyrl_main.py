@@ -1,7 +1,7 @@
 """SkyRL 0.4 entrypoint for fhirgym environments (GPU machines; not runnable on CPU).
 
 ``python -m fhirgym.rl.skyrl_main key=value ...`` (the launch ``fhirgym rl skyrl`` writes): SkyRL's own
-config from the overrides, and ``fhirgym-action`` registered with skyrl-gym inside the Ray task, where
+config from the overrides, and ``fhirgym-action``/``fhirgym-qa`` registered with skyrl-gym inside the Ray task, where
 SkyRL's generator makes its environments. Needs ``skyrl[fsdp]`` (Python ≥ 3.12, CUDA), which fhirgym
 does not install.
 """

@@ -1,0 +1,261 @@
+"""The CPU trainer: TRL's ``GRPOTrainer`` (pinned 1.16.0) with LoRA over fhirgym episodes.
+
+``train(TrainSpec(...))`` builds the dataset rows of a track, gives TRL the episode as its
+``environment_factory`` (the tools are its methods; the reward is :meth:`TextEpisode` 's, handed over by
+:func:`episode_reward`), maps the recipe with :func:`trl_args`, adds dynamic sampling by masking where the
+recipe asks for it (:mod:`fhirgym.rl._dynamic`), and writes as it goes: checkpoints (``checkpoint-N``,
+resumed with ``resume=True``), ``curve.jsonl`` (one line per optimiser step: reward, its spread, the share
+of flat groups, clip ratios, wall time) and ``curve.png``. The progress bar is the Trainer's.
+
+Weights (:func:`load_policy`): a local model name (``qwen2.5-coder-0.5b``, the GGUF fhirgym assembles,
+dequantised to fp32 by transformers with the ``gguf`` package), a path to a ``.gguf`` file, a directory
+holding a Hugging Face model or a LoRA checkpoint of ours, or any Hugging Face hub id. Needs
+``pip install 'fhirgym[rl]'``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..agents import LOCAL_MODELS, model_path
+from ._adapters import trl_environment, trl_reward
+from ._data import DEFAULT_QA, DEFAULT_WORLD, dataset_rows
+from ._dynamic import dynamic_trainer_class
+from ._recipes import load_recipe, trl_args
+
+#: The default trainable model: the 0.5B GGUF fhirgym already assembles for local evaluation.
+DEFAULT_POLICY = "qwen2.5-coder-0.5b"
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+_TOOLS_HEADER = "\n\n# Tools\n\n"
+BASE_FILE = "fhirgym_base.json"
+
+
+def load_policy(model: str, *, dtype: str = "float32") -> tuple[Any, Any]:
+    """``(model, tokenizer)`` for training or evaluation (see the module docstring for the forms of ``model``)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = getattr(torch, dtype)
+    path = Path(model)
+    if model in LOCAL_MODELS or model.endswith(".gguf"):
+        gguf = model_path(model) if model in LOCAL_MODELS else path
+        if not gguf.is_file():
+            raise FileNotFoundError(f"no GGUF file at {gguf}")
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        net = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch_dtype)
+        # Qwen2/Llama GGUFs load through transformers' legacy loader, which dequantises every tensor into a
+        # plain parameter; the model stays tagged "GGUF-quantised" all the same, and Trainer refuses to train
+        # such a model. The tag is dropped once the parameters are checked to be plain floats.
+        odd = {str(p.dtype) for p in net.parameters() if p.dtype != torch_dtype}
+        if odd:
+            raise ValueError(f"{gguf.name} loaded with {odd} parameters: not trainable as plain {dtype}")
+        if getattr(net, "hf_quantizer", None) is not None:
+            net.hf_quantizer.remove_quantization_config(net)
+        return net, tok
+    if (path / "adapter_config.json").is_file():  # a LoRA checkpoint: its base, then the adapter
+        from peft import PeftModel
+
+        base_file = path / BASE_FILE  # ours names the base as given to train (a GGUF dir is no model id)
+        base_name = (json.loads(base_file.read_text())["model"] if base_file.is_file()
+                     else json.loads((path / "adapter_config.json").read_text())["base_model_name_or_path"])
+        base, tok = load_policy(base_name, dtype=dtype)
+        if (path / "tokenizer_config.json").is_file():
+            tok = AutoTokenizer.from_pretrained(str(path))
+        return PeftModel.from_pretrained(base, str(path)), tok
+    net = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype)
+    return net, AutoTokenizer.from_pretrained(model)
+
+
+def trl_prompt(messages: list[dict]) -> list[dict]:
+    """A row's prompt for TRL: TRL's chat template lists the environment's tools itself, so the tool block
+    :class:`TextEpisode` writes into the system message is dropped (it would appear twice)."""
+    out = []
+    for m in messages:
+        if m["role"] == "system" and _TOOLS_HEADER in m["content"]:
+            m = {**m, "content": m["content"].split(_TOOLS_HEADER, 1)[0]}
+        out.append(m)
+    return out
+
+
+def final_text(completion: Any) -> str:
+    """The model's last reply in a TRL completion (a message list in the tool loop, or plain text)."""
+    if isinstance(completion, str):
+        return completion
+    replies = [m for m in completion if m.get("role") == "assistant"]
+    if not replies:
+        return ""
+    content = replies[-1].get("content") or ""
+    return content if isinstance(content, str) else " ".join(str(c.get("text", "")) for c in content)
+
+
+def episode_reward(completions: list, environments: list | None = None, **_: Any) -> list[float]:
+    """TRL reward function: each rollout's episode judged on its final reply (the same reward as every
+    other adapter gives that transcript)."""
+    if environments is None:
+        raise RuntimeError("episode_reward needs TRL's environment_factory (environments=...)")
+    return [trl_reward(env, final_text(c)) for env, c in zip(environments, completions, strict=True)]
+
+
+@dataclass
+class TrainSpec:
+    """One CPU GRPO run. ``prompts_per_batch`` prompts × ``group_size`` completions are generated per
+    rollout batch and used for ``updates_per_batch`` optimiser steps (above 1 the clip acts)."""
+
+    out: Path
+    recipe: str = "clip-higher"
+    model: str = DEFAULT_POLICY
+    track: str = "action"
+    tasks: str = "all"
+    per_family: int = 4
+    world: dict = field(default_factory=lambda: dict(DEFAULT_WORLD))
+    qa: dict = field(default_factory=lambda: dict(DEFAULT_QA))
+    config: str = "baseline"
+    max_steps: int = 10
+    group_size: int | None = None  # default: the recipe's
+    prompts_per_batch: int = 2
+    updates_per_batch: int | None = None  # default: the recipe's
+    max_turns: int | None = None  # default: the recipe's
+    max_new_tokens: int | None = None  # default: the recipe's max_generate_length
+    lr: float | None = None  # default: the recipe's
+    lora_r: int = 16
+    save_steps: int = 5
+    seed: int = 0
+    resume: bool = False
+    threads: int | None = None
+
+
+def grpo_args(spec: TrainSpec) -> dict[str, Any]:
+    """``trl.GRPOConfig`` keyword arguments: the recipe's, sized for this run, on the CPU."""
+    recipe = load_recipe(spec.recipe)
+    args = trl_args(recipe)
+    group = spec.group_size or recipe.group_size
+    updates = spec.updates_per_batch or recipe.updates_per_batch
+    completions = spec.prompts_per_batch * group
+    if completions % updates:
+        raise ValueError(f"{spec.prompts_per_batch} prompts × {group} completions do not split into {updates} updates")
+    args.update(num_generations=group, steps_per_generation=updates, per_device_train_batch_size=completions // updates,
+                gradient_accumulation_steps=1)
+    if spec.max_turns:
+        args["max_tool_calling_iterations"] = spec.max_turns
+    if spec.max_new_tokens:
+        args["max_completion_length"] = spec.max_new_tokens
+    if spec.lr:
+        args["learning_rate"] = spec.lr
+    args.update(output_dir=str(spec.out), use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
+                max_steps=spec.max_steps, logging_steps=1, save_steps=spec.save_steps, save_strategy="steps",
+                report_to="none", seed=spec.seed, data_seed=spec.seed, disable_tqdm=False, dataloader_num_workers=0,
+                remove_unused_columns=False, log_completions=False, num_train_epochs=1)
+    return args
+
+
+def _curve_callback(path: Path, plot: Path, t0: float):
+    from transformers import TrainerCallback
+
+    class CurveWriter(TrainerCallback):
+        """Appends one line per optimiser step to ``curve.jsonl`` and redraws ``curve.png``; the reward
+        figures appear on the steps that generated (the first of each rollout batch)."""
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            logs = logs or {}
+            if "loss" not in logs:  # the run's closing summary
+                return
+            row = {"step": state.global_step, "wall_s": round(time.perf_counter() - t0, 1),
+                   **{k: logs[k] for k in ("reward", "reward_std", "frac_reward_zero_std", "loss",
+                                           "clip_ratio/region_mean", "clip_ratio/high_mean", "clip_ratio/low_mean",
+                                           "dynamic/masked_group_frac", "completions/mean_length",
+                                           "tools/call_frequency") if k in logs}}
+            with open(path, "a") as fh:
+                fh.write(json.dumps(row) + "\n")
+            plot_curve(path, plot)
+
+    return CurveWriter()
+
+
+def plot_curve(curve: Path, out: Path) -> Path:
+    """The reward per optimiser step (and its running mean) from ``curve.jsonl``, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in (json.loads(line) for line in curve.read_text().splitlines() if line.strip()) if "reward" in r]
+    steps = [r["step"] for r in rows]
+    rewards = [r["reward"] for r in rows]
+    running = [sum(rewards[max(0, i - 4):i + 1]) / len(rewards[max(0, i - 4):i + 1]) for i in range(len(rewards))]
+    fig, ax = plt.subplots(figsize=(6, 3.2), dpi=110)
+    ax.plot(steps, rewards, "o", ms=3, alpha=0.5, label="mean reward of the step's completions")
+    ax.plot(steps, running, "-", label="running mean (5 steps)")
+    ax.set_xlabel("optimiser step")
+    ax.set_ylabel("reward")
+    ax.set_ylim(-0.05, 1.05)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def _last_checkpoint(out: Path) -> str | None:
+    found = sorted(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]) if p.name.split("-")[1].isdigit() else -1)
+    return str(found[-1]) if found else None
+
+
+def build_trainer(spec: TrainSpec, model: Any = None, tokenizer: Any = None) -> Any:
+    """The configured trainer (``model``/``tokenizer`` given: used as they are, e.g. a tiny test model)."""
+    import os
+
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from trl import GRPOConfig, GRPOTrainer
+
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    recipe = load_recipe(spec.recipe)
+    rows = dataset_rows(spec.track, "train", tasks=spec.tasks, per_family=spec.per_family, world=spec.world,
+                        max_turns=spec.max_turns or recipe.max_turns, qa=spec.qa, config=spec.config)
+    if not rows:
+        raise ValueError(f"--tasks {spec.tasks!r} gives no training rows on the {spec.track} track")
+    for r in rows:
+        r["prompt"] = trl_prompt(r["prompt"])
+    if model is None:
+        model, tokenizer = load_policy(spec.model)
+    spec.out.mkdir(parents=True, exist_ok=True)
+    (spec.out / "train_spec.json").write_text(json.dumps(asdict(spec), default=str, indent=1))
+    cls = dynamic_trainer_class() if recipe.dynamic else GRPOTrainer
+    lora = LoraConfig(r=spec.lora_r, lora_alpha=2 * spec.lora_r, lora_dropout=0.0, target_modules=list(LORA_TARGETS),
+                      task_type="CAUSAL_LM")
+    trainer = cls(model=model, processing_class=tokenizer, reward_funcs=[episode_reward],
+                  args=GRPOConfig(**grpo_args(spec)), train_dataset=Dataset.from_list(rows),
+                  environment_factory=trl_environment(spec.config), peft_config=lora)
+    trainer.add_callback(_curve_callback(spec.out / "curve.jsonl", spec.out / "curve.png", time.perf_counter()))
+    return trainer
+
+
+def train(spec: TrainSpec, model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
+    """Run (or resume) the training; returns the run's summary (also written to ``summary.json``)."""
+    trainer = build_trainer(spec, model, tokenizer)
+    checkpoint = _last_checkpoint(spec.out) if spec.resume else None
+    if not spec.resume and (spec.out / "curve.jsonl").exists():
+        (spec.out / "curve.jsonl").unlink()  # a fresh run starts a fresh curve
+    t0 = time.perf_counter()
+    result = trainer.train(resume_from_checkpoint=checkpoint)
+    wall = time.perf_counter() - t0
+    final = spec.out / "final"
+    trainer.save_model(str(final))
+    trainer.processing_class.save_pretrained(str(final))
+    (final / BASE_FILE).write_text(json.dumps({"model": spec.model, "recipe": spec.recipe, "track": spec.track}))
+    args = trainer.args
+    steps_done = trainer.state.global_step - (int(Path(checkpoint).name.split("-")[1]) if checkpoint else 0)
+    rollouts = steps_done * args.per_device_train_batch_size  # completions generated: one batch per step on average
+    summary = {"steps": trainer.state.global_step, "steps_this_run": steps_done, "wall_s": round(wall, 1),
+               "steps_per_min": round(60 * steps_done / wall, 3) if wall else None,
+               "rollouts_per_min": round(60 * rollouts / wall, 3) if wall else None,
+               "resumed_from": checkpoint, "final": str(final), "train_loss": result.training_loss}
+    (spec.out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
