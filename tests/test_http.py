@@ -275,6 +275,18 @@ def test_fhirpy_async_client(live):
     assert found == [pid]
 
 
+def _wait_until_serving(proc: subprocess.Popen, base: str) -> None:
+    """Until ``fhirgym serve`` answers /metadata (a minute at most; its output if it died)."""
+    deadline = time.monotonic() + 60
+    while True:
+        assert proc.poll() is None, proc.stdout.read().decode()
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{base}/metadata", timeout=2).status_code == 200:
+                return
+        assert time.monotonic() < deadline, "fhirgym serve did not become ready"
+        time.sleep(0.1)
+
+
 # -- the `fhirgym serve` command ------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_fhirgym_serve_cli_end_to_end(tmp_path):
@@ -286,14 +298,7 @@ def test_fhirgym_serve_cli_end_to_end(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "fhirgym.cli", "serve", "--port", str(port), "--admin"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stdout.read().decode()
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{base}/metadata", timeout=2).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, "fhirgym serve did not become ready"
-            time.sleep(0.1)
+        _wait_until_serving(proc, base)
         client = HttpClient(base)
         created = client.create(new_patient())
         assert created.status == 201
@@ -453,14 +458,7 @@ def test_sigterm_ends_a_busy_server_within_seconds(tmp_path):
                              "--limit", "request_timeout=none"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             cwd=tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stdout.read().decode()
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{base}/metadata", timeout=2).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, "fhirgym serve did not become ready"
-            time.sleep(0.1)
+        _wait_until_serving(proc, base)
         batch = {"resourceType": "Bundle", "type": "batch",
                  "entry": [{"request": {"method": "GET", "url": f"Patient?name=n{k}"}} for k in range(30_000)]}
         def send() -> None:

@@ -32,6 +32,7 @@ from typing import Any
 
 from ..spec import Spec
 from ._errors import Issue
+from ._extract.parse import split_top
 from ._values import date_range, split_reference
 
 #: Invariants the structural validator enforces itself (see the module docstring).
@@ -154,31 +155,6 @@ _EMPTY_PRESERVING = frozenset({"where", "select", "ofType", "first", "last", "ta
 Quick = Callable[[dict], "bool | None"]
 
 
-def _split(expr: str, sep: str) -> list[str]:
-    """``expr`` split at ``sep`` outside parentheses and string literals."""
-    parts, depth, quote, start, i = [], 0, False, 0, 0
-    while i < len(expr):
-        ch = expr[i]
-        if quote:
-            if ch == "\\":
-                i += 1
-            elif ch == "'":
-                quote = False
-        elif ch == "'":
-            quote = True
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        elif depth == 0 and expr.startswith(sep, i):
-            parts.append(expr[start:i])
-            start = i = i + len(sep)
-            continue
-        i += 1
-    parts.append(expr[start:])
-    return [p.strip() for p in parts]
-
-
 def _unwrap(expr: str) -> str:
     """``(a or b)`` -> ``a or b`` while one pair of parentheses encloses the whole expression."""
     while expr.startswith("(") and expr.endswith(")"):
@@ -237,7 +213,7 @@ def _term(expr: str, children: dict) -> Quick | None:
     expr = _unwrap(expr)
     if (m := _CODING_TEST.fullmatch(expr)) is not None:
         return _coding_test(m, children.get(m[1]))
-    segs = _split(expr, ".")
+    segs = split_top(expr, ".")
     name = segs[0]
     el = children.get(name)
     if len(segs) < 2 or not _NAME.fullmatch(name) or el is None:
@@ -261,13 +237,13 @@ def shortcut(expression: str, children: dict) -> Quick | None:
     """The constraint decided from presence tests where its shape allows (see the module docstring);
     ``children``: the element definitions under the constrained path, by name."""
     expr = _unwrap(" ".join(expression.split()))
-    sides = _split(expr, " implies ")
+    sides = split_top(expr, " implies ")
     if len(sides) == 2:  # A implies B == (not A) or B: only "not A" is compiled
         a = _term(sides[0], children)
         if a is None:
             return None
         return lambda node: True if a(node) is False else None
-    terms = [_term(t, children) for t in _split(expr, " or ")]
+    terms = [_term(t, children) for t in split_top(expr, " or ")]
     known = [t for t in terms if t is not None]
     if len(sides) != 1 or not known:
         return None

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from ...spec import ElementDef, SearchParam, Spec
 from .codegen import has_ext
 from .fhirtypes import SYSTEM_TYPES
+from .parse import split_top
 from .rows import component_json, t_prim
 from .values import RefTypes
 
@@ -42,25 +43,7 @@ _LEADING_TYPE_RE = re.compile(r"^[\s(]*([A-Z][A-Za-z]*)\b")
 
 def _split_union(expr: str) -> list[str]:
     """Top-level ``|`` branches (outside parentheses and string literals)."""
-    parts, depth, cur, quote = [], 0, [], False
-    for ch in expr:
-        if quote:
-            cur.append(ch)
-            quote = ch != "'"
-            continue
-        if ch == "'":
-            quote = True
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        elif ch == "|" and depth == 0:
-            parts.append("".join(cur).strip())
-            cur = []
-            continue
-        cur.append(ch)
-    parts.append("".join(cur).strip())
-    return [p for p in parts if p]
+    return [p for p in split_top(expr, "|") if p]
 
 
 class FhirpathEngine:

@@ -164,3 +164,28 @@ class Parser:
         field = self.take(kind="id")
         self.take("=")
         return ("eq", field, self.string())
+
+
+def split_top(expr: str, sep: str) -> list[str]:
+    """``expr`` split at ``sep`` outside parentheses and string literals."""
+    parts, depth, quote, start, i = [], 0, False, 0, 0
+    while i < len(expr):
+        ch = expr[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == "'":
+                quote = False
+        elif ch == "'":
+            quote = True
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif depth == 0 and expr.startswith(sep, i):
+            parts.append(expr[start:i])
+            start = i = i + len(sep)
+            continue
+        i += 1
+    parts.append(expr[start:])
+    return [p.strip() for p in parts]
