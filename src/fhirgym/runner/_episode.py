@@ -58,6 +58,7 @@ def run_episode(key: EpisodeKey, inst: Instance, agent, config: Config | str = "
     t0 = time.perf_counter()
     fam = inst.family
     with Episode(inst, config, budget=budget, unsafe_python=unsafe_python) as ep:
+        memory = ep.config.labels.get("memory") or None
         obs = ep.reset()
         task = AgentTask(obs.prompt, obs.now, ep.tools, max_iterations=max_iterations,
                          instructions=obs.instructions, answer_schema=obs.answer_schema)
@@ -75,7 +76,7 @@ def run_episode(key: EpisodeKey, inst: Instance, agent, config: Config | str = "
     line = {
         "episode_id": key.id, "task_id": fam.id, "category": fam.category, "difficulty": fam.difficulty,
         "writes": fam.writes, "seed": key.seed, "paraphrase": key.paraphrase, "prompt_id": inst.prompt_id,
-        "run": key.run, "config": key.config, "setting": setting, "agent": getattr(agent, "name", str(agent)),
+        "run": key.run, "config": key.config, "setting": setting, "memory": memory, "agent": getattr(agent, "name", str(agent)),
         "model": model, "status": status,
         "success": None if status == "error" else verdict.success and not result.crash,
         "light_success": None if status == "error" or not fam.writes else verdict.light_success,

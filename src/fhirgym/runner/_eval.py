@@ -27,7 +27,7 @@ from pathlib import Path
 import orjson
 
 from ..agents import DEFAULT_MODEL, MODEL_AGENTS, default_iterations, make_agent, needs_model
-from ..env import UnknownConfig, configs, get_config
+from ..env import Config, UnknownConfig, configs, get_config
 from ..tasks import Instance, TaskWorld, make_instance, select
 from ..world import world_sha256
 from ._episode import EpisodeKey, run_episode
@@ -165,20 +165,21 @@ def _reveal(spec: EvalSpec) -> None:
     write_atomic(run_file, info)
 
 
-def _prepare_dir(spec: EvalSpec, world: TaskWorld) -> set[str]:
+def _prepare_dir(spec: EvalSpec, world: TaskWorld, config: Config) -> set[str]:
     out = spec.out
     out.mkdir(parents=True, exist_ok=True)
     run_file = out / "run.json"
     existing = read_results(out, repair=spec.resume)
     if existing and not spec.resume:
         raise EvalError(f"{out} already holds {len(existing)} results: pass --resume to continue, or another --out")
+    identity = {**spec.identity(), **({"memory": config.labels["memory"]} if config.labels.get("memory") else {})}
     if run_file.exists() and spec.resume:
         before = orjson.loads(run_file.read_bytes()).get("identity", {})
-        if before and before != spec.identity():
-            diff = {k: (before.get(k), v) for k, v in spec.identity().items() if before.get(k) != v}
+        if before and before != identity:
+            diff = {k: (before.get(k), v) for k, v in identity.items() if before.get(k) != v}
             raise EvalError(f"--resume into {out} with different settings {diff}: use another --out")
     if not run_file.exists() or not spec.resume:
-        info = {"identity": spec.identity(), "spec": {k: str(v) if isinstance(v, Path) else v
+        info = {"identity": identity, "labels": dict(config.labels), "spec": {k: str(v) if isinstance(v, Path) else v
                                                       for k, v in asdict(spec).items() if k != "secret"},
                 "fhirgym_version": version("fhirgym"), "world": str(world.path),
                 "world_manifest": world.manifest, "world_sha256": world_sha256(world.path),
@@ -188,17 +189,21 @@ def _prepare_dir(spec: EvalSpec, world: TaskWorld) -> set[str]:
 
 
 def run_eval(spec: EvalSpec, world: TaskWorld, progress: Callable[[dict, int, int], None] | None = None,
-             agent=None) -> list[dict]:
+             agent=None, config: Config | None = None) -> list[dict]:
     """Run (or resume) the evaluation; returns every result line of the directory.
 
-    ``agent``: an agent object to use instead of building one from ``spec.agent`` (tests, notebooks)."""
+    ``agent``: an agent object to use instead of building one from ``spec.agent`` (tests, notebooks).
+    ``config``: the configuration object to use for ``spec.config`` instead of the registered one (an
+    experiment binds a memory configuration to a different memory per setting, side by side)."""
     try:
-        config = get_config(spec.config)
+        config = config or get_config(spec.config)
     except UnknownConfig as exc:
         raise EvalError(f"unknown --config {spec.config!r}; known: {', '.join(configs())}") from exc
+    if config.requires:
+        raise EvalError(f"configuration {config.name!r} needs {config.requires}")
     keys = plan(spec, world)
     _seal(spec)
-    done = _prepare_dir(spec, world)
+    done = _prepare_dir(spec, world, config)
     try:
         return _run(spec, world, config, keys, done, progress, agent)
     finally:
