@@ -56,6 +56,8 @@ class EvalSpec:
     budget: int | None = None
     unsafe_python: bool = False  # --unsafe-python: the python tool may run without a full sandbox
     paraphrases: int = 0  # 0: template prompts only; k: also the first k cached paraphrases
+    paraphrase_ids: list[int] | None = None  # exactly these paraphrases (0 = template) instead of 0..paraphrases
+    written_paraphrases: bool = False  # no cached LLM paraphrase: use the phrasing written by us (recorded)
     sealed: bool = False  # instance seeds derived from a secret no agent sees during the run
     track: str = "action"  # action: the task families; qa: questions about one patient (docs/QA.md)
     split: str = "valid"  # qa: the questions' split (train, valid, test)
@@ -114,8 +116,9 @@ def plan(spec: EvalSpec, world: TaskWorld | None = None) -> list[EpisodeKey]:
     fams = select(spec.tasks)
     if not fams:
         raise EvalError(f"--tasks {spec.tasks!r} selects no task")
+    ps = spec.paraphrase_ids if spec.paraphrase_ids is not None else range(spec.paraphrases + 1)
     return [EpisodeKey(spec.config, f.id, seed, p, run) for f in fams for seed in spec.seeds
-            for p in range(spec.paraphrases + 1) for run in range(spec.runs)]
+            for p in ps for run in range(spec.runs)]
 
 
 _QUESTIONS: dict[tuple, dict[str, list]] = {}
@@ -151,7 +154,7 @@ def _seal(spec: EvalSpec) -> None:
         spec.secret = secrets.token_hex(16)
     if spec.sealed and spec.track != "action":
         raise EvalError("--sealed derives the action track's instance seeds; QA questions come from their file")
-    if spec.sealed and spec.paraphrases:
+    if spec.sealed and (spec.paraphrases or any(spec.paraphrase_ids or [])):
         raise EvalError("a sealed run cannot use cached paraphrases (they are written for the public seeds)")
 
 
@@ -234,9 +237,9 @@ def _run(spec: EvalSpec, world: TaskWorld, config, keys: list[EpisodeKey], done:
             else:
                 inst = make_instance(key.task_id, instance_seed(spec, key.task_id, key.seed), world)
             if key.paraphrase:
-                from ..tasks import cached_paraphrase
+                from ..tasks import cached_paraphrase, offline_paraphrase
 
-                inst = cached_paraphrase(inst, key.paraphrase)
+                inst = (offline_paraphrase if spec.written_paraphrases else cached_paraphrase)(inst, key.paraphrase)
             inst.reference  # noqa: B018  (computed once here, not in parallel episodes)
             instances[ik] = inst
             return inst

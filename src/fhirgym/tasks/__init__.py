@@ -36,7 +36,15 @@ from ._family import (
     select,
 )
 from ._mutate import EQUIVALENTS, MUTATIONS
-from ._paraphrase import ParaphraseUnavailable, cached_paraphrase, paraphrase
+from ._paraphrase import (
+    ParaphraseUnavailable,
+    cached_paraphrase,
+    offline_paraphrase,
+    paraphrase,
+    paraphrase_source,
+    written_paraphrase,
+    written_phrasings,
+)
 
 __all__ = [
     "CATEGORIES",
@@ -73,10 +81,14 @@ __all__ = [
     "make_instance",
     "mark",
     "match",
+    "offline_paraphrase",
     "paraphrase",
+    "paraphrase_source",
     "parse_answer",
     "proximity",
     "register",
     "render",
     "select",
+    "written_paraphrase",
+    "written_phrasings",
 ]
