@@ -56,6 +56,12 @@ def test_plans_load_and_bad_plans_are_refused(tmp_path):
     bad.write_text('models = ["x"]\nconfigs = ["nope"]\n')
     with pytest.raises(ExperimentError, match="unknown configs"):
         load_plan(bad)
+    bad.write_text('models = ["x"]\ntasks = "no.such.task"\n')
+    with pytest.raises(ExperimentError, match="no task matches"):
+        load_plan(bad)
+    bad.write_text('models = ["x"]\nrun = 3\n')
+    with pytest.raises(ExperimentError, match="unknown keys"):
+        load_plan(bad)
 
 
 DRIVER = textwrap.dedent('''

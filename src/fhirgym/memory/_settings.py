@@ -61,7 +61,10 @@ def plan_setting(name: str, tasks: str = "default", train_seeds: list[int] | Non
     default_train, default_eval = DEFAULT_SEEDS[name]
     train_seeds = list(train_seeds if train_seeds is not None else default_train)
     eval_seeds = list(eval_seeds if eval_seeds is not None else default_eval)
-    chosen = [f.id for f in select(tasks)]
+    try:
+        chosen = [f.id for f in select(tasks)]
+    except KeyError as exc:
+        raise SettingError(str(exc.args[0])) from None
     if not chosen:
         raise SettingError(f"tasks {tasks!r} select no family")
     train_tasks = eval_tasks = chosen

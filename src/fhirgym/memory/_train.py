@@ -81,7 +81,10 @@ def train_memory(spec: TrainSpec, world: TaskWorld, *, actor=None, evaluator: Ch
 
     ``actor``/``evaluator``/``reflector``: objects to use instead of building them from the model strings
     (tests pass scripted backends). ``paraphraser(inst, k)``: the k-th paraphrase of an instance."""
-    fams = select(spec.tasks)
+    try:
+        fams = select(spec.tasks)
+    except KeyError as exc:
+        raise ValueError(str(exc.args[0])) from None
     if not fams:
         raise ValueError(f"--tasks {spec.tasks!r} selects no task")
     store = MemoryStore(spec.out, spec.embedder)
