@@ -20,6 +20,11 @@ from ..tools import SPEC_TOOLS, Toolbox, ToolContext
 
 OPERATIONS = ("search", "read", "create", "update", "delete")
 SPEC_ROUNDS = 4
+#: Characters of one spec-tool output the reflector reads: on a CPU model each round's prefill is the cost
+SPEC_OUTPUT_CHARS = 1500
+#: A critique or a lesson set is a few sentences of JSON; with 1,024 one malformed reflection (reply, retry)
+#: of the 0.5B model took 13.5 min on 2 busy cores
+REPLY_TOKENS = 700
 
 
 class Malformed(ValueError):
@@ -107,7 +112,7 @@ def _ask(backend: ChatBackend, messages: list[dict], check, usage: Usage, tools:
     """One structured reply (tool rounds first, when tools are given); one retry on a malformed reply."""
     consulted: list[dict] = []
     for _ in range(SPEC_ROUNDS if toolbox else 0):
-        reply = backend.chat(messages, tools, temperature=0.0, max_tokens=1024, seed=0)
+        reply = backend.chat(messages, tools, temperature=0.0, max_tokens=_reply_tokens(backend), seed=0)
         usage.add(reply)
         if not reply.tool_calls:
             messages.append({"role": "assistant", "content": reply.text or ""})
@@ -120,9 +125,9 @@ def _ask(backend: ChatBackend, messages: list[dict], check, usage: Usage, tools:
             done = toolbox.call(c.name, c.arguments)
             consulted.append({"name": c.name, "arguments": c.arguments, "error": done.error})
             messages.append({"role": "tool", "tool_call_id": msg["id"], "name": c.name,
-                             "content": done.summary(3000)})
+                             "content": done.summary(SPEC_OUTPUT_CHARS)})
     else:
-        reply = backend.chat(messages, None, temperature=0.0, max_tokens=1024, seed=0)
+        reply = backend.chat(messages, None, temperature=0.0, max_tokens=_reply_tokens(backend), seed=0)
         usage.add(reply)
         messages.append({"role": "assistant", "content": reply.text or ""})
     problem = ""
@@ -134,10 +139,15 @@ def _ask(backend: ChatBackend, messages: list[dict], check, usage: Usage, tools:
         if attempt == 0:
             messages.append({"role": "user", "content": f"Your reply was not the JSON object asked for ({problem}). "
                                                         "Reply with that JSON object only."})
-            reply = backend.chat(messages, None, temperature=0.0, max_tokens=1024, seed=0)
+            reply = backend.chat(messages, None, temperature=0.0, max_tokens=_reply_tokens(backend), seed=0)
             usage.add(reply)
             messages.append({"role": "assistant", "content": reply.text or ""})
     raise Malformed(problem)
+
+
+def _reply_tokens(backend: ChatBackend) -> int:
+    """The reply cap: ours, or less where the backend can afford less (a local CPU model)."""
+    return min(REPLY_TOKENS, getattr(backend, "max_reply_tokens", None) or REPLY_TOKENS)
 
 
 def run_digest(transcript: dict) -> str:
