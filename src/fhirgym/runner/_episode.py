@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..agents import INFRASTRUCTURE_ERRORS, AgentResult, AgentTask, ReferenceAgent
 from ..env import Config, Episode, solve_reference
-from ..tasks import Instance, failure_modes_of, proximity, render
+from ..tasks import Instance, failure_modes_of, paraphrase_source, proximity, render
 from ..tasks.qa import QaFamily, qa_fields
 
 
@@ -58,6 +58,7 @@ def run_episode(key: EpisodeKey, inst: Instance, agent, config: Config | str = "
     t0 = time.perf_counter()
     fam = inst.family
     with Episode(inst, config, budget=budget, unsafe_python=unsafe_python) as ep:
+        memory = ep.config.labels.get("memory") or None
         obs = ep.reset()
         task = AgentTask(obs.prompt, obs.now, ep.tools, max_iterations=max_iterations,
                          instructions=obs.instructions, answer_schema=obs.answer_schema)
@@ -74,8 +75,9 @@ def run_episode(key: EpisodeKey, inst: Instance, agent, config: Config | str = "
     modes = failure_modes_of(inst, calls, bool(verdict.collateral)) if status == "fail" else []
     line = {
         "episode_id": key.id, "task_id": fam.id, "category": fam.category, "difficulty": fam.difficulty,
-        "writes": inst.writes, "seed": key.seed, "paraphrase": key.paraphrase, "prompt_id": inst.prompt_id,
-        "run": key.run, "config": key.config, "setting": setting, "agent": getattr(agent, "name", str(agent)),
+        "writes": inst.writes, "seed": key.seed, "paraphrase": key.paraphrase,
+        "paraphrase_source": paraphrase_source(inst), "prompt_id": inst.prompt_id,
+        "run": key.run, "config": key.config, "setting": setting, "memory": memory, "agent": getattr(agent, "name", str(agent)),
         "model": model, "status": status,
         "success": None if status == "error" else verdict.success and not result.crash,
         "light_success": None if status == "error" or not inst.writes else verdict.light_success,

