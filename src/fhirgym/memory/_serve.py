@@ -37,7 +37,12 @@ def prompt_block(store: MemoryStore, inst: Instance, k: int = PROMPT_K, budget: 
     items = [f"- {x['text']}" for x in store.search(inst.prompt, k)]
     for rtype in sorted(set(getattr(inst.family, "resource_types", ()) or ())):
         items += [f"- [{t['resource_type']} {t['operation']}] {t['text']}" for t in store.tips(rtype)]
-    head = "Lessons from your long-term memory of similar tasks (follow them where they apply):"
+    return budgeted_block("Lessons from your long-term memory of similar tasks (follow them where they apply):",
+                          items, budget)
+
+
+def budgeted_block(head: str, items: list[str], budget: int) -> str:
+    """``head`` and the leading whole ``items`` that fit in ``budget`` tokens; empty when none fits."""
     lines, used = [head], _tokens(head)
     for item in items:
         if used + _tokens(item) > budget:

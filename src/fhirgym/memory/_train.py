@@ -25,7 +25,7 @@ from ..tasks import Instance, TaskWorld, make_instance, render, select
 from ..tools import FHIR_TOOLS
 from ._deid import deidentify, sensitive_values
 from ._reflect import Malformed, Usage, evaluate, prompts_digest, reflect, run_digest
-from ._serve import PROMPT_TOKENS, _tokens
+from ._serve import PROMPT_TOKENS, budgeted_block
 from ._store import Lesson, MemoryStore, MemoryStoreError
 
 LOG = "training.jsonl"
@@ -64,14 +64,8 @@ def _own_block(lessons: list[Lesson], store: MemoryStore, inst: Instance) -> str
     """Trial 2's system-prompt block: the lessons of this variation's earlier trials, then retrieved ones."""
     items = [f"- {x.text}" if x.kind == "macro" else f"- [{x.resource_type} {x.operation}] {x.text}" for x in lessons]
     items += [f"- {x['text']}" for x in store.search(inst.prompt, 3) if f"- {x['text']}" not in items]
-    head = "Lessons from your earlier attempts and similar tasks (follow them where they apply):"
-    lines, used = [head], _tokens(head)
-    for item in items:
-        if used + _tokens(item) > PROMPT_TOKENS:
-            break
-        lines.append(item)
-        used += _tokens(item)
-    return "\n".join(lines) if len(lines) > 1 else ""
+    return budgeted_block("Lessons from your earlier attempts and similar tasks (follow them where they apply):",
+                          items, PROMPT_TOKENS)
 
 
 def train_memory(spec: TrainSpec, world: TaskWorld, *, actor=None, evaluator: ChatBackend | None = None,
