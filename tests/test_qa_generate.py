@@ -142,7 +142,7 @@ def test_cli_builds_a_question_file_and_scores_answers(small_world_path, tmp_pat
     answers = tmp_path / "answers.jsonl"
     answers.write_text("\n".join(json.dumps({"id": q.id, "answer": reference_reply(q),
                                              "retrieved": q.gold_ids}) for q in questions))
-    run = CliRunner().invoke(main, ["qa", "score", str(out), str(answers)])
+    run = CliRunner().invoke(main, ["qa", "score", str(answers), "--questions", str(out)])
     assert run.exit_code == 0, run.output
     assert f"all            {len(questions):5}/{len(questions):<5} 100.0 %" in run.output
     assert "retrieval precision 1.000, recall 1.000" in run.output

@@ -65,3 +65,33 @@ def test_cli_judge_agreement_with_a_scripted_judge(small_world_path, tmp_path, m
     assert run.exit_code == 0, run.output
     assert "4 answers: agreement 25.0 %, judge precision 33.3 %, recall 50.0 %" in run.output
     assert len((tmp_path / "a.judge-cache.jsonl").read_text().splitlines()) == 4
+
+
+def test_score_and_judge_read_an_eval_runs_result_lines(small_world_path, tmp_path, monkeypatch):
+    import json
+
+    from click.testing import CliRunner
+
+    import fhirgym.agents
+    from fhirgym.cli import main
+    from fhirgym.tasks.qa import build_questions, reference_reply, write_questions
+
+    questions = build_questions(small_world_path, per_template=6, seed=0, templates=["gender"])[:2]
+    write_questions(questions, tmp_path / "qa.jsonl")
+    results = tmp_path / "results.jsonl"
+    results.write_text("\n".join(json.dumps({"task_id": f"qa.{q.template}", "final_answer": reply,
+                                             "qa": {"question_id": q.id, "shape": q.shape}})
+                                 for q, reply in zip(questions, [reference_reply(questions[0]), "no idea"],
+                                                     strict=True)))
+    score = CliRunner().invoke(main, ["qa", "score", str(results), "--questions", str(tmp_path / "qa.jsonl")])
+    assert score.exit_code == 0, score.output
+    assert "all                1/2      50.0 %" in score.output
+    monkeypatch.setattr(fhirgym.agents, "make_backend", lambda *a, **k: ScriptedBackend(["1", "1"]))
+    judged = CliRunner().invoke(main, ["qa", "judge-agreement", str(results), "--questions",
+                                       str(tmp_path / "qa.jsonl"), "--model", "scripted"])
+    assert "2 answers: agreement 50.0 %" in judged.output, judged.output
+    # an answer to a question the set does not hold is refused, naming it
+    stray = tmp_path / "stray.jsonl"
+    stray.write_text(json.dumps({"id": "no-such-question", "answer": "yes"}))
+    refused = CliRunner().invoke(main, ["qa", "score", str(stray), "--questions", str(tmp_path / "qa.jsonl")])
+    assert refused.exit_code == 2 and "no-such-question" in refused.output

@@ -560,23 +560,63 @@ def qa_templates() -> None:
     click.echo(f"{len(TEMPLATES)} templates")
 
 
-@qa_group.command("score")
-@click.argument("questions_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.argument("answers_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-def qa_score(questions_file: Path, answers_file: Path) -> None:
-    """Score ANSWERS (JSON lines: id, answer, optional retrieved {type: [ids]}) with the deterministic matcher."""
-    import math
-    from collections import defaultdict
-
-    from .tasks.qa import read_questions, retrieval_scores, score_answer
-
-    by_id = {q.id: q for q in read_questions(questions_file)}
-    per_shape: dict[str, list[bool]] = defaultdict(list)
-    precision, recall = [], []
-    for line in answers_file.read_text().splitlines():
+def _answer_rows(answers_file: Path) -> list[dict]:
+    """Answer lines (``id``, ``answer``, optional ``retrieved``) or an eval run's result lines (``qa``,
+    ``final_answer``): both are read the same way, so a run can be scored and judged as it stands."""
+    rows = []
+    for n, line in enumerate(answers_file.read_text().splitlines(), 1):
         if not line.strip():
             continue
         row = json.loads(line)
+        if isinstance(row.get("qa"), dict):
+            row = {"id": row["qa"]["question_id"], "answer": row.get("final_answer")}
+        if "id" not in row:
+            raise click.UsageError(f"{answers_file}:{n}: neither an answer line (id, answer) nor a QA result line")
+        rows.append(row)
+    return rows
+
+
+def _questions_by_id(questions_file: Path | None, world_path: Path | None, patients: int, world_seed: int,
+                     per_template: int, rows: list[dict]) -> dict:
+    from .tasks.qa import build_questions, read_questions
+
+    if questions_file is not None:
+        questions = read_questions(questions_file)
+    else:  # the set `fhirgym eval --track qa` builds without --questions
+        questions = build_questions(_task_world(world_path, patients, world_seed), per_template)
+    by_id = {q.id: q for q in questions}
+    unknown = sorted({r["id"] for r in rows} - by_id.keys())
+    if unknown:
+        raise click.UsageError(f"{len(unknown)} answers are to questions not in the question set "
+                               f"(first: {unknown[0]}); pass the --questions file or world options the run used")
+    return by_id
+
+
+def _qa_source_options(fn):
+    fn = click.option("--per-template", default=10, show_default=True,
+                      help="Without --questions: the set eval builds with this --per-template.")(fn)
+    fn = _world_options(fn)
+    return click.option("--questions", "questions_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                        default=None, help="The QA.jsonl the answers are to (default: the set eval builds).")(fn)
+
+
+@qa_group.command("score")
+@click.argument("answers_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@_qa_source_options
+def qa_score(answers_file: Path, questions_file: Path | None, world_path: Path | None, patients: int,
+             world_seed: int, per_template: int) -> None:
+    """Score ANSWERS (JSON lines: id, answer, optional retrieved {type: [ids]}; or an eval run's
+    results.jsonl) with the deterministic matcher."""
+    import math
+    from collections import defaultdict
+
+    from .tasks.qa import retrieval_scores, score_answer
+
+    rows = _answer_rows(answers_file)
+    by_id = _questions_by_id(questions_file, world_path, patients, world_seed, per_template, rows)
+    per_shape: dict[str, list[bool]] = defaultdict(list)
+    precision, recall = [], []
+    for row in rows:
         q = by_id[row["id"]]
         per_shape[q.shape].append(score_answer(q, row.get("answer")).correct)
         if "retrieved" in row:
@@ -594,30 +634,29 @@ def qa_score(questions_file: Path, answers_file: Path) -> None:
 
 @qa_group.command("judge-agreement")
 @click.argument("answers_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--questions", "questions_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              required=True, help="The QA.jsonl the answers are to.")
+@_qa_source_options
 @click.option("--model", default="local/qwen2.5-coder-1.5b", show_default=True, help="The judge's backend.")
 @click.option("--base-url", default=None, envvar="OPENAI_BASE_URL", help="Endpoint of an OpenAI-compatible server.")
 @click.option("--cache", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Verdict cache (JSON lines; default: ANSWERS.judge-cache.jsonl).")
-def qa_judge_agreement(answers_file: Path, questions_file: Path, model: str, base_url: str | None,
+def qa_judge_agreement(answers_file: Path, questions_file: Path | None, world_path: Path | None, patients: int,
+                       world_seed: int, per_template: int, model: str, base_url: str | None,
                        cache: Path | None) -> None:
     """The LLM judge's agreement, precision and recall against the deterministic matcher on ANSWERS
-    (JSON lines: id, answer)."""
+    (JSON lines: id, answer; or an eval run's results.jsonl)."""
     from .agents import make_backend
     from .runner import LlmJudge, agreement, gold_text
-    from .tasks.qa import read_questions, score_answer
+    from .tasks.qa import score_answer
 
-    by_id = {q.id: q for q in read_questions(questions_file)}
+    rows = _answer_rows(answers_file)
+    by_id = _questions_by_id(questions_file, world_path, patients, world_seed, per_template, rows)
     judge = LlmJudge(make_backend(model, base_url=base_url),
                      cache or answers_file.with_suffix(".judge-cache.jsonl"))
     pairs = []
-    for line in answers_file.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            q = by_id[row["id"]]
-            verdict = judge.judge(q.prompt(), gold_text(q.answer, q.no_answer), row.get("answer"))
-            pairs.append((score_answer(q, row.get("answer")).correct, verdict.correct))
+    for row in rows:
+        q = by_id[row["id"]]
+        verdict = judge.judge(q.prompt(), gold_text(q.answer, q.no_answer), row.get("answer"))
+        pairs.append((score_answer(q, row.get("answer")).correct, verdict.correct))
     click.echo(agreement(pairs).lines())
 
 
