@@ -235,6 +235,30 @@ def test_worked_example_turns_are_valid(matcher, grammar):
         "birth_date": {"type": "string", "format": "date"}}, "required": ["birth_date"]}), example[3]["content"])
 
 
+def test_a_task_without_answer_schema_is_shown_a_plain_final_answer(matcher, grammar):
+    """QA asks for "The final answer is: …": shown answer tags, the 1.5B answered every question in them."""
+    plain = worked_example(TOOLS, tagged=False)
+    assert plain[1] == worked_example(TOOLS)[1]  # the same look-up
+    assert plain[3]["content"].endswith("The final answer is: 1961-04-02") and "<answer>" not in plain[3]["content"]
+    assert '"The final answer is: <answer>"' in plain[0]["content"]
+    assert matcher.accepts(grammar, plain[3]["content"])
+
+
+def test_with_a_python_tool_a_turn_may_be_one_code_block(matcher):
+    from fhirgym.agents._grammar import looked_up
+    from fhirgym.tools import CODEACT_TOOLS
+
+    code_tools = [*TOOLS, *(t.openai_schema() for t in CODEACT_TOOLS)]
+    block = '```python\nrows = search("Observation", {"patient": "p-1"})\nanswer = len(rows)\n```'
+    first = turn_grammar(code_tools, None, allow_answer=False)
+    assert matcher.accepts(first, block)  # code is a look-up: allowed before any tool result
+    assert not matcher.accepts(first, "The final answer is: 3")
+    assert not matcher.accepts(first, "```python\nx = 1")  # the fence must close
+    assert not matcher.accepts(turn_grammar(TOOLS, None), block)  # no python tool: no code turn
+    assert looked_up([{"role": "assistant", "content": block}, {"role": "user", "content": "Execution result: 3"}])
+    assert not looked_up([{"role": "user", "content": "How many?"}])
+
+
 # --------------------------------------------------------------------------------------------- rejected
 
 READ = {"resourceType": "Patient", "resourceId": "7"}

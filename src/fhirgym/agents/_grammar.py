@@ -7,6 +7,9 @@ answered before looking anything up (issue 17). Under this GBNF grammar a turn c
   for markup, a call or an answer), then
 * one or more calls in Qwen's native form ``<tool_call>\\n{"name": N, "arguments": A}\\n</tool_call>``
   with N one of the episode's tools and A valid against N's JSON schema, or
+* where the tools include ``python`` (CodeAct), one fenced ```` ```python ```` block, which the agent runs
+  through that tool (the CodeAct prompt asks for code; a grammar without this branch left the model only
+  JSON calls), or
 * the final answer ``<answer>{...}</answer>`` valid against the task's answer schema (any JSON object when
   the task states none, or a short plain sentence for tasks that only ask for changes).
 
@@ -23,6 +26,9 @@ from typing import Any
 
 #: Characters a reasoning line may not contain: the ones that open markup, JSON or a fence.
 _PLAIN = r"[^<>{}\n\r`]"
+#: The tool a fenced code block stands for (the CodeAct agent runs each block through it).
+CODE_TOOL = "python"
+CODE_FENCE = "```python\n"
 
 
 def tool_parameters(tools: list[dict]) -> list[tuple[str, dict]]:
@@ -67,6 +73,10 @@ def turn_grammar(
         lines.append('turn-call ::= "<tool_call>\\n{\\"name\\": " (' + " | ".join(branches) + ') "}\\n</tool_call>"')
         lines.append(f'turn-calls ::= turn-call ("\\n" turn-call){{0,{max(0, max_calls - 1)}}}')
         alternatives.append("turn-calls")
+    if any(name == CODE_TOOL for name, _ in tool_parameters(tools)):
+        # code up to a closing fence; the reply's token limit bounds its length
+        lines.append(f'turn-code ::= {_literal(CODE_FENCE)} [^`]+ "```"')
+        alternatives.append("turn-code")
     if allow_answer:
         rule = converter.visit(json.loads(json.dumps(answer_schema or {"type": "object"})), "answer")
         finals = [f'"<answer>" {rule} "</answer>"']
@@ -91,8 +101,9 @@ def answer_tags(value: Any) -> str:
 
 
 def looked_up(messages: list[dict]) -> bool:
-    """Whether the chat already holds a tool result (before that, a turn must call a tool)."""
-    return any(m.get("role") == "tool" for m in messages)
+    """Whether the chat already holds a tool result or ran a code block (before that, a turn must act)."""
+    return any(m.get("role") == "tool" or (m.get("role") == "assistant" and CODE_FENCE in (m.get("content") or ""))
+               for m in messages)
 
 
 #: The function an endpoint without grammars is made to call for its final answer (``tool_choice``).

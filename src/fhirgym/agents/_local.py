@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ._backend import LOCAL_MODELS, BackendError, ChatResult, ContextLengthExceeded, local_model_label
-from ._grammar import turn_grammar
+from ._grammar import looked_up, turn_grammar
 from ._prompt import compact_tools, worked_example
 from ._toolcalls import parse_tool_calls
 from ._weights import ModelUnavailable, file_lock, model_path, models_dir
@@ -179,7 +179,7 @@ class LocalBackend:
         """One turn; ``answer_schema`` (JSON schema of the task's answer object) shapes the final answer."""
         llama = self.load()
         assert self._shared is not None
-        converted = self._prompt(messages, tools)
+        converted = self._prompt(messages, tools, answer_schema)
         grammar = self._grammar(messages, tools, answer_schema) if self.grammar and tools else None
         waiting = time.perf_counter()
         # a Llama is not thread-safe, and its KV cache holds one conversation at a time
@@ -227,16 +227,18 @@ class LocalBackend:
             finish_reason=finish,
         )
 
-    def _prompt(self, messages: list[dict], tools: list[dict] | None) -> list[dict]:
+    def _prompt(self, messages: list[dict], tools: list[dict] | None,
+                answer_schema: dict | None = None) -> list[dict]:
         """The chat as the template gets it: the model's own call text where we have it, and the worked
-        example after the system prompt (part of the prefix every episode shares)."""
+        example after the system prompt (part of the prefix every episode of a kind shares), answering as
+        the task asks: in answer tags when it has an answer schema, else in a plain final sentence."""
         converted = []
         for message in messages:
             out = _to_template_message(message)
             raw = self._raw.get(_raw_key(out)) if out.get("role") == "assistant" and out.get("tool_calls") else None
             converted.append({"role": "assistant", "content": raw} if raw is not None else out)
         if self.example and tools and converted and converted[0].get("role") == "system":
-            converted[1:1] = worked_example(tools)
+            converted[1:1] = worked_example(tools, answer_schema is not None)
         return converted
 
     def _remember(self, text: str, calls: list[tuple[str, dict]], raw: str) -> None:
@@ -248,7 +250,7 @@ class LocalBackend:
     def _grammar(self, messages: list[dict], tools: list[dict], answer_schema: dict | None) -> Any:
         from llama_cpp import LlamaGrammar
 
-        looked = not self.call_first or any(m.get("role") == "tool" for m in messages)
+        looked = not self.call_first or looked_up(messages)
         key = json.dumps([tools, answer_schema, looked], sort_keys=True)
         if key not in self._grammars:
             text = turn_grammar(tools, answer_schema, reasoning=self.reasoning, allow_answer=looked)

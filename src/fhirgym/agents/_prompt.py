@@ -53,17 +53,25 @@ def _compact_schema(schema: dict) -> dict:
 EXAMPLE_TOOL = "searchResources"
 
 
-def worked_example(tools: list[dict]) -> list[dict]:
+def worked_example(tools: list[dict], tagged: bool = True) -> list[dict]:
     """One complete exchange in the native format (look up, then answer in the asked format), as chat
-    messages to put between the system prompt and the task; empty when the tool it uses is absent."""
+    messages to put between the system prompt and the task; empty when the tool it uses is absent.
+
+    ``tagged``: the answer goes in answer tags as JSON (tasks with an answer schema); else it is a plain
+    final sentence, as question answering asks for it (a small model copies the example's format: shown
+    answer tags, it answered every question in them)."""
     names = {t.get("function", t).get("name") for t in tools}
     if EXAMPLE_TOOL not in names:
         return []
-    question = (
-        "Worked example. What is the birth date of the patient Ada Example?\n\nFinish with your final answer "
-        'as JSON inside answer tags, exactly like: <answer>{"birth_date":"<YYYY-MM-DD>"}</answer>. '
-        'If nothing matches, answer <answer>{"found": false}</answer>.'
-    )
+    if tagged:
+        ask = ('Finish with your final answer as JSON inside answer tags, exactly like: '
+               '<answer>{"birth_date":"<YYYY-MM-DD>"}</answer>. If nothing matches, answer <answer>{"found": false}</answer>.')
+        final = answer_tags({"birth_date": "1961-04-02"})
+    else:
+        ask = ('When you have the answer, end your reply with "The final answer is: <answer>" '
+               '("no answer" if the record holds none).')
+        final = "Ada Example was born on 1961-04-02. The final answer is: 1961-04-02"
+    question = f"Worked example. What is the birth date of the patient Ada Example?\n\n{ask}"
     arguments = {"resourceType": "Patient", "params": {"family": "Example", "given": "Ada"}}
     result = {"resourceType": "Patient", "total": 1, "returned": 1, "resources": [
         {"resourceType": "Patient", "id": "p-41", "name": [{"family": "Example", "given": ["Ada"]}],
@@ -73,5 +81,5 @@ def worked_example(tools: list[dict]) -> list[dict]:
         {"role": "user", "content": question},
         {"role": "assistant", "content": "<tool_call>\n" + json.dumps(call) + "\n</tool_call>"},
         {"role": "tool", "content": json.dumps(result)},
-        {"role": "assistant", "content": answer_tags({"birth_date": "1961-04-02"})},
+        {"role": "assistant", "content": final},
     ]
