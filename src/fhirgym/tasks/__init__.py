@@ -49,6 +49,7 @@ from ._mutate import EQUIVALENTS, MUTATIONS
 from ._paraphrase import (
     ParaphraseUnavailable,
     cached_paraphrase,
+    family_phrasings,
     offline_paraphrase,
     paraphrase,
     paraphrase_source,
@@ -96,6 +97,7 @@ __all__ = [
     "failure_modes",
     "failure_modes_of",
     "families",
+    "family_phrasings",
     "figures",
     "frozen_now",
     "get_family",

@@ -6,8 +6,9 @@ value quoted in the prompt (names, codes, ids), every number (dates, times, dose
 otherwise it is rejected and retried. Accepted paraphrases are cached on disk, so settings that test
 robustness to wording (ANCHORS.md §1, settings 3 and 4) are reproducible without the model.
 
-Offline, every family also has phrasings written by us (``data/phrasings.json``: per-family templates
-where written, else generic rewrites and framings), checked the same way: :func:`written_paraphrase`;
+Offline, every family also has phrasings written by us (``data/phrasings.json``: per-family templates,
+and generic rewrites and framings as the fallback for families of other packages), checked the same way:
+:func:`written_paraphrase`;
 :func:`offline_paraphrase` takes a cached LLM paraphrase when there is one, else the written one, and
 the instance records which (``paraphrase_source``: ``llm-cache`` or ``written``).
 """
@@ -15,6 +16,7 @@ the instance records which (``paraphrase_source``: ``llm-cache`` or ``written``)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -147,12 +149,52 @@ def _rewrite(body: str, rule: dict) -> str:
     return rule["framing"].format(body=text)
 
 
+@functools.cache
+def slot_pattern(template: str) -> re.Pattern:
+    """The regex that reads an instance's prompt body back into the slots of ``template`` (the family's
+    wording with ``{slot}`` where an instance's text goes; a slot named twice holds the same text)."""
+    parts, seen = re.split(r"\{(\w+)\}", template), set()
+    for i in range(1, len(parts), 2):
+        name = parts[i]
+        parts[i] = f"(?P={name})" if name in seen else f"(?P<{name}>.+?)"
+        seen.add(name)
+    parts[::2] = [re.escape(p) for p in parts[::2]]
+    return re.compile("".join(parts), re.DOTALL)
+
+
+def family_variants(task_id: str) -> list[dict]:
+    """The written variants of a family: ``{"prompt": pattern (optional), "phrasings": [...]}`` each.
+
+    An entry of ``families`` is a list of format strings over the params (one variant, no pattern), a list
+    of variants (the first whose pattern matches the whole prompt body is used: how a family whose wording
+    branches on its params gets phrasings for every branch), or the id of a family with the same prompt.
+    """
+    entry = phrasings()["families"].get(task_id, [])
+    if isinstance(entry, str):
+        entry = phrasings()["families"][entry]
+    return [{"phrasings": entry}] if entry and all(isinstance(e, str) for e in entry) else list(entry)
+
+
+def family_phrasings(inst: Instance) -> list[str]:
+    """The bodies of the phrasings written for ``inst``'s own family ([] if it has none), filled in from
+    its params and from the slots its variant's pattern reads out of the prompt."""
+    variants = family_variants(inst.task_id)
+    if not variants:
+        return []
+    body = inst.family.prompt(inst.params).strip()
+    for variant in variants:
+        found = slot_pattern(variant["prompt"]).fullmatch(body) if "prompt" in variant else None
+        if "prompt" not in variant or found:
+            fields = {**inst.params, **(found.groupdict() if found else {})}
+            return [t.format(**fields) for t in variant["phrasings"]]
+    raise ParaphraseUnavailable(f"no written variant of {inst.task_id} matches its prompt (seed {inst.seed}): "
+                                f"update data/phrasings.json for {body!r}")
+
+
 def written_phrasings(inst: Instance) -> list[str]:
     """The bodies of every written phrasing of ``inst`` (family templates first, then the generic ones)."""
-    data = phrasings()
     body = inst.family.prompt(inst.params).strip()
-    own = [t.format(**inst.params) for t in data["families"].get(inst.task_id, [])]
-    return own + [_rewrite(body, rule) for rule in data["generic"]]
+    return family_phrasings(inst) + [_rewrite(body, rule) for rule in phrasings()["generic"]]
 
 
 def written_paraphrase(inst: Instance, k: int) -> Instance:
