@@ -85,3 +85,24 @@ def test_qa_track_errors_are_clear(world, tmp_path):
         run_eval(EvalSpec(out=tmp_path / "a", agent="null", track="qa", tasks="qa.nope"), world)
     with pytest.raises(EvalError, match="sealed"):
         run_eval(EvalSpec(out=tmp_path / "b", agent="null", track="qa", tasks="qa.gender", sealed=True), world)
+
+
+def test_a_codeact_episode_answers_a_question_end_to_end(world, tmp_path):
+    """fhir_query fetches the patient into the workspace, code reads the answer there, the plain final
+    answer is judged by the matcher and the fetch counts as retrieval."""
+    from fhirgym.agents import CodeActAgent
+
+    q = next(q for q in build_questions(world, 10) if q.split == "valid" and q.template == "gender")
+
+    def final(messages):
+        observed = orjson.loads(messages[-1]["content"].removeprefix("Execution result:\n"))
+        return f"The patient is {observed['answer']}. The final answer is: {observed['answer']}"
+
+    script = [f'<tool_call>{{"name": "fhir_query", "arguments": {{"resource_type": "Patient", '
+              f'"patient_id": "{q.patient_id}"}}}}</tool_call>',
+              "```python\nanswer = retrieved_resources['Patient'][0]['gender']\n```", final]
+    [line] = run_eval(EvalSpec(out=tmp_path / "c", agent="codeact", model="scripted", config="codeact", track="qa",
+                               tasks="qa.gender", seeds=[0]), world, agent=CodeActAgent(ScriptedBackend(script)))
+    assert [c["name"] for c in line["tool_calls"]] == ["fhir_query", "python"]
+    assert line["success"] is True and line["stop_reason"] == "answered", line["final_answer"]
+    assert line["qa"]["retrieval"] == {"precision": 1.0, "recall": 1.0}
