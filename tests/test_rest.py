@@ -852,6 +852,17 @@ def test_metadata_is_generated_from_what_the_server_implements(client, server):
     assert client.request("POST", "metadata", body={}).status == 405
 
 
+def test_an_unknown_search_parameter_names_the_close_one_and_the_types_parameters(client):
+    """An agent that guessed a name can correct itself from the error alone."""
+    resp = client.search("Encounter", {"sort": "date"})
+    text = issues(resp)[0]["diagnostics"]
+    assert resp.status == 400 and issues(resp)[0]["code"] == "not-supported"
+    assert "Unknown search parameter 'sort' for resource type Encounter; did you mean '_sort'?" in text
+    listed = text.split("search parameters here: ")[1].rstrip(")").split(", ")
+    assert "date" in listed and "patient" in listed and "_content" not in listed  # only what this server supports
+    assert "did you mean" not in issues(client.search("Encounter", {"zzz": "1"}))[0]["diagnostics"]
+
+
 def test_every_advertised_search_parameter_is_accepted(client, server):
     cap = client.capabilities().body
     failures = []

@@ -268,11 +268,22 @@ class SearchEngine:
     def param(self, rtype: str, code: str) -> SearchParam:
         p = self.spec.search_params(rtype).get(code)
         if p is None:
-            raise bad_request(f"Unknown search parameter '{code}' for resource type {rtype}", "not-supported")
+            raise bad_request(f"Unknown search parameter '{code}' for resource type {rtype}"
+                              + self._suggest(rtype, code), "not-supported")
         reason = self.unsupported.get((rtype, code))
         if reason is not None:
             raise bad_request(f"Search parameter '{code}' of {rtype} is not supported: {reason}", "not-supported")
         return p
+
+    def _suggest(self, rtype: str, code: str) -> str:
+        """What the client may have meant: the close names, and every parameter the type has (an agent
+        that guessed a name can correct itself from the error alone)."""
+        import difflib
+
+        names = sorted(p.code for p in self.supported_params(rtype))
+        close = difflib.get_close_matches(code, [*names, *sorted(CONTROL_PARAMS)], n=3, cutoff=0.75)
+        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        return f"{hint} ({rtype}'s search parameters here: {', '.join(names)})"
 
     def supported_params(self, rtype: str) -> list[SearchParam]:
         return [
