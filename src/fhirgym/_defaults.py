@@ -1,6 +1,9 @@
-"""The default world of every command and of ``world.build_world()``: one home, importable without loading
-any layer (the CLI's ``--help`` stays fast). Seed 42, 10 patients: built in about half a minute, then
-cached; a bigger world is asked for with ``--patients``."""
+"""The default world of every command and of ``world.build_world()``, and the question set QA evaluation
+builds on it: one home, importable without loading any layer (the CLI's ``--help`` stays fast). Seed 42,
+10 patients: built in about half a minute, then cached; a bigger world is asked for with ``--patients``."""
 
 DEFAULT_SEED = 42
 DEFAULT_PATIENTS = 10
+#: Questions per template of the set ``eval --track qa`` builds without ``--questions`` (and that
+#: ``qa score``/``qa judge-agreement`` rebuild to read a run's results).
+QA_PER_TEMPLATE = 10

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from ._defaults import DEFAULT_PATIENTS, DEFAULT_SEED
+from ._defaults import DEFAULT_PATIENTS, DEFAULT_SEED, QA_PER_TEMPLATE
 
 
 @click.group()
@@ -467,7 +467,8 @@ def _seeds(value: str) -> list[int]:
               help="QA: the questions' split.")
 @click.option("--questions", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="QA: a question file from `fhirgym qa build` (default: built from the world).")
-@click.option("--per-template", default=10, show_default=True, help="QA without --questions: questions per template.")
+@click.option("--per-template", default=QA_PER_TEMPLATE, show_default=True,
+              help="QA without --questions: questions per template.")
 @click.option("--memory", "memory_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="A frozen memory (fhirgym memory train) for --config memory, memory-specs or memory-specs+specs.")
 @click.option("--memory-mode", type=click.Choice(["tools", "prompt"]), default="tools", show_default=True,
@@ -593,7 +594,7 @@ def _questions_by_id(questions_file: Path | None, world_path: Path | None, patie
 
 
 def _qa_source_options(fn):
-    fn = click.option("--per-template", default=10, show_default=True,
+    fn = click.option("--per-template", default=QA_PER_TEMPLATE, show_default=True,
                       help="Without --questions: the set eval builds with this --per-template.")(fn)
     fn = _world_options(fn)
     return click.option("--questions", "questions_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),

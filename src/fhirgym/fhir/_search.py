@@ -9,6 +9,7 @@ one definition of what "matches" means per type.
 
 from __future__ import annotations
 
+import difflib
 import time
 from dataclasses import dataclass, field
 
@@ -278,8 +279,6 @@ class SearchEngine:
     def _suggest(self, rtype: str, code: str) -> str:
         """What the client may have meant: the close names, and every parameter the type has (an agent
         that guessed a name can correct itself from the error alone)."""
-        import difflib
-
         names = sorted(p.code for p in self.supported_params(rtype))
         close = difflib.get_close_matches(code, [*names, *sorted(CONTROL_PARAMS)], n=3, cutoff=0.75)
         hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import orjson
 
+from .._defaults import QA_PER_TEMPLATE
 from ..agents import DEFAULT_MODEL, MODEL_AGENTS, default_iterations, make_agent, needs_model
 from ..env import Config, UnknownConfig, configs, get_config
 from ..tasks import Instance, TaskWorld, make_instance, select
@@ -62,7 +63,7 @@ class EvalSpec:
     track: str = "action"  # action: the task families; qa: questions about one patient (docs/QA.md)
     split: str = "valid"  # qa: the questions' split (train, valid, test)
     questions: Path | None = None  # qa: a question file (fhirgym qa build); default: built from the world
-    per_template: int = 10  # qa without a question file: questions built per template
+    per_template: int = QA_PER_TEMPLATE  # qa without a question file: questions built per template
     secret: str | None = field(default=None, repr=False)  # a sealed run's secret (hex), to replay or resume it
 
     def __post_init__(self) -> None:
