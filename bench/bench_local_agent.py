@@ -24,10 +24,12 @@ from fhirgym.runner import EvalSpec, run_eval
 from fhirgym.tasks import TaskWorld
 from fhirgym.world import build_world
 
-#: Setting codes: g = grammar, e = worked example; "-" = neither; "plain" also drops compact descriptions.
+#: Setting codes: g = grammar, e = worked example, r = a line of reasoning before each call; "-" = neither;
+#: "plain" also drops compact descriptions.
 SETTINGS = {"ge": dict(grammar=True, example=True), "g": dict(grammar=True, example=False),
             "e": dict(grammar=False, example=True), "-": dict(grammar=False, example=False),
-            "plain": dict(grammar=False, example=False, compact=False)}
+            "plain": dict(grammar=False, example=False, compact=False),
+            "ger": dict(grammar=True, example=True, reasoning=160)}
 
 
 def backend_options(model: str, setting: str) -> tuple[dict, str]:

@@ -13,11 +13,12 @@ import ctypes
 import itertools
 import json
 import math
+import re
 from typing import Any
 
 import pytest
 
-from fhirgym.agents._grammar import turn_grammar
+from fhirgym.agents._grammar import ground, seen_ids, turn_grammar
 from fhirgym.agents._prompt import compact_tools, worked_example
 from fhirgym.agents._toolcalls import parse_tool_calls
 from fhirgym.tasks import families
@@ -119,7 +120,7 @@ def values(schema: dict) -> list[Any]:
             return ["2025-06-09"]
         if fmt == "date-time":
             return ["2025-06-09T09:30:00Z", "2025-06-09T09:30:00.000+02:00"]
-        return STRINGS
+        return [v for v in STRINGS if re.search(schema["pattern"], v)] if "pattern" in schema else STRINGS
     if kind == "integer":
         return [0, 7, -3, 1234567]
     if kind == "number":
@@ -216,6 +217,8 @@ def test_accepts_every_family_answer_format(matcher):
             assert spec.parse(text) is not None
         if spec.none_allowed:
             assert matcher.accepts(g, '<answer>{"found": false}</answer>')
+        placeholder = {f.name: "<text>" for f in spec.fields}  # copied from the format statement
+        assert not matcher.accepts(g, "<answer>" + json.dumps(placeholder) + "</answer>"), family
         wrong = {f.name: {"nested": 1} for f in spec.fields}
         assert not matcher.accepts(g, "<answer>" + json.dumps(wrong) + "</answer>"), family
 
@@ -306,6 +309,31 @@ def test_only_the_episode_tools_exist(matcher):
     g = turn_grammar(read_only, None)
     assert matcher.accepts(g, call_text("getResourceById", READ))
     assert not matcher.accepts(g, call_text("deleteResource", READ))
+
+
+def test_seen_ids_come_from_the_task_and_tool_results_only():
+    messages = [{"role": "system", "content": "e.g. Patient/sys-1"},
+                {"role": "user", "content": "Cancel Appointment/ap-9 for Mrs Diaz."},
+                {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "getResourceById",
+                                                                               "arguments": {"resourceId": "made-up"}}}]},
+                {"role": "assistant", "content": "Patient/made-up-2"},
+                {"role": "tool", "content": json.dumps({"resources": [{"resourceType": "Patient", "id": "p.7",
+                                                                       "generalPractitioner": [{"reference": "Practitioner/pr-3"}]}]})},
+                {"role": "tool", "content": json.dumps({"id": "ap-9"})}]
+    assert seen_ids(messages) == ["p.7", "pr-3", "ap-9"]  # each once, latest last
+
+
+def test_resource_ids_are_grounded_in_what_the_episode_showed(matcher):
+    none_yet = turn_grammar(TOOLS, None, allow_answer=False, ids=[])
+    assert not matcher.accepts(none_yet, call_text("getResourceById", READ))  # nothing shown: nothing to read
+    assert not matcher.accepts(none_yet, call_text("deleteResource", READ))
+    assert matcher.accepts(none_yet, call_text("searchResources", {"resourceType": "Patient", "params": {"family": "Ng"}}))
+    shown = turn_grammar(TOOLS, None, ids=["p.7", "ap-9"])
+    assert matcher.accepts(shown, call_text("getResourceById", {"resourceType": "Appointment", "resourceId": "ap-9"}))
+    assert not matcher.accepts(shown, call_text("getResourceById", {"resourceType": "Patient", "resourceId": "p-41"}))
+    assert turn_grammar(TOOLS, None) == turn_grammar(TOOLS, None, ids=None)  # ids=None: not grounded
+    names = [t["function"]["name"] for t in ground(TOOLS, [])]
+    assert "searchResources" in names and not {"getResourceById", "updateResource", "deleteResource"} & set(names)
 
 
 def test_compact_tools_keep_what_the_grammar_checks():

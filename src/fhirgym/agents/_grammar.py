@@ -13,6 +13,11 @@ answered before looking anything up (issue 17). Under this GBNF grammar a turn c
 * the final answer ``<answer>{...}</answer>`` valid against the task's answer schema (any JSON object when
   the task states none, or a short plain sentence for tasks that only ask for changes).
 
+A ``resourceId`` argument is **grounded**: it must be an id the episode has shown the model (in the task
+or a tool result; :func:`seen_ids`), and tools that need one are left out until there is one. Without this
+the 1.5B read, updated and deleted ids it made up (``Patient/p-41`` from the worked example, ``a-123``) in
+26 of 65 episodes, got a 404 and gave up.
+
 The argument grammars come from llama-cpp-python's own JSON-schema converter (one converter for all
 tools, so the JSON primitives are shared): object keys in schema order, required ones first, single
 spaces only. After the grammar's last character only an end-of-turn token is allowed, which is what
@@ -22,6 +27,7 @@ bounds a reply. llama.cpp checks the grammar while sampling, so a malformed call
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 #: Characters a reasoning line may not contain: the ones that open markup, JSON or a fence.
@@ -29,6 +35,12 @@ _PLAIN = r"[^<>{}\n\r`]"
 #: The tool a fenced code block stands for (the CodeAct agent runs each block through it).
 CODE_TOOL = "python"
 CODE_FENCE = "```python\n"
+#: The argument that names an existing resource; grounded in the ids the episode has shown.
+ID_ARGUMENT = "resourceId"
+#: An id in a tool result (``"id": "…"``) or a reference in any text (``Patient/…``); FHIR id syntax.
+_SHOWN_ID = re.compile(r'"id"\s*:\s*"([A-Za-z0-9\-.]{1,64})"|\b[A-Z][A-Za-z]+/([A-Za-z0-9\-.]{1,64})\b')
+#: At most this many ids (the most recent) in a grammar, so it stays small.
+MAX_GROUNDED_IDS = 256
 
 
 def tool_parameters(tools: list[dict]) -> list[tuple[str, dict]]:
@@ -40,6 +52,39 @@ def tool_parameters(tools: list[dict]) -> list[tuple[str, dict]]:
     return out
 
 
+def seen_ids(messages: list[dict]) -> list[str]:
+    """The resource ids the task and the tool results have shown, oldest first, each once (the model's own
+    turns do not count: an id it wrote is not evidence that the resource exists)."""
+    ids: dict[str, None] = {}
+    for message in messages:
+        if message.get("role") in ("user", "tool") and isinstance(message.get("content"), str):
+            for match in _SHOWN_ID.finditer(message["content"]):
+                ids.pop(found := match.group(1) or match.group(2), None)
+                ids[found] = None
+    return list(ids)[-MAX_GROUNDED_IDS:]
+
+
+def ground(tools: list[dict], ids: list[str]) -> list[dict]:
+    """The tools with their ``resourceId`` argument restricted to ``ids``; tools that require one are left
+    out while there is none (they could only name a made-up resource)."""
+    out = []
+    for tool in tools:
+        function = tool.get("function", tool)
+        params = function.get("parameters") or {}
+        if ID_ARGUMENT not in params.get("properties", {}):
+            out.append(tool)
+            continue
+        if not ids:
+            if ID_ARGUMENT in params.get("required", ()):
+                continue
+            properties = {k: v for k, v in params["properties"].items() if k != ID_ARGUMENT}
+        else:
+            properties = {**params["properties"], ID_ARGUMENT: {"enum": list(ids)}}
+        grounded = {**function, "parameters": {**params, "properties": properties}}
+        out.append({**tool, "function": grounded} if "function" in tool else grounded)
+    return out
+
+
 def turn_grammar(
     tools: list[dict],
     answer_schema: dict | None = None,
@@ -48,14 +93,18 @@ def turn_grammar(
     max_calls: int = 3,
     allow_answer: bool = True,
     plain_answer: bool | None = None,
+    ids: list[str] | None = None,
 ) -> str:
     """GBNF for one assistant turn (see the module docstring).
 
     ``reasoning``: at most this many characters of plain text before the call or answer (0: none).
     ``max_calls``: calls per turn. ``allow_answer=False``: the turn must call a tool (e.g. the first turn,
     so an answer is never given without a look-up). ``plain_answer``: a final plain sentence is allowed
-    (default: only when there is no answer schema).
+    (default: only when there is no answer schema). ``ids``: ground ``resourceId`` arguments in these
+    (:func:`ground`; ``None``: any id).
     """
+    if ids is not None:
+        tools = ground(tools, ids)
     from llama_cpp.llama_grammar import SchemaConverter  # loads llama.cpp: only when a grammar is built
 
     if not tools and not allow_answer:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ._backend import LOCAL_MODELS, BackendError, ChatResult, ContextLengthExceeded, local_model_label
-from ._grammar import looked_up, turn_grammar
+from ._grammar import looked_up, seen_ids, turn_grammar
 from ._prompt import compact_tools, worked_example
 from ._toolcalls import parse_tool_calls
 from ._weights import ModelUnavailable, file_lock, model_path, models_dir
@@ -77,7 +77,8 @@ class LocalBackend:
     :func:`~fhirgym.agents._grammar.turn_grammar`: native ``<tool_call>`` calls of existing tools with
     schema-valid arguments, or the final answer; ``reasoning`` > 0 allows that many characters of plain
     text before it (off by default: the 0.5B spent 50-77 tokens of such a line restating the call);
-    ``call_first``: no answer before the first tool result), ``compact`` tool descriptions and a worked
+    ``call_first``: no answer before the first tool result; ``calls_per_turn``: at most that many calls in
+    a turn, so later calls can use what earlier ones returned), ``compact`` tool descriptions and a worked
     ``example`` exchange between the system prompt and the task.
 
     Loading happens on the first :meth:`chat` (or an explicit :meth:`load`), so building the backend is cheap;
@@ -99,6 +100,7 @@ class LocalBackend:
         compact: bool = True,
         reasoning: int = 0,
         call_first: bool = True,
+        calls_per_turn: int = 3,
         **llama_options: Any,
     ) -> None:
         self.source = str(path_or_name)
@@ -115,6 +117,7 @@ class LocalBackend:
         self.compact = compact
         self.reasoning = reasoning
         self.call_first = call_first
+        self.calls_per_turn = calls_per_turn
         self.last_stats = CallStats()
         self._shared: _Shared | None = None
         self._grammars: dict[str, Any] = {}
@@ -251,9 +254,13 @@ class LocalBackend:
         from llama_cpp import LlamaGrammar
 
         looked = not self.call_first or looked_up(messages)
-        key = json.dumps([tools, answer_schema, looked], sort_keys=True)
+        ids = seen_ids(messages)
+        key = json.dumps([tools, answer_schema, looked, ids], sort_keys=True)
         if key not in self._grammars:
-            text = turn_grammar(tools, answer_schema, reasoning=self.reasoning, allow_answer=looked)
+            if len(self._grammars) >= 256:  # bounded: the id sets of finished episodes are not needed again
+                self._grammars.pop(next(iter(self._grammars)))
+            text = turn_grammar(tools, answer_schema, reasoning=self.reasoning, allow_answer=looked, ids=ids,
+                                max_calls=self.calls_per_turn)
             self._grammars[key] = LlamaGrammar.from_string(text, verbose=False)
         return self._grammars[key]
 

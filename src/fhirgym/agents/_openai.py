@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._backend import BackendError, ChatResult, ToolCall
-from ._grammar import ANSWER_TOOL, answer_from_call, answer_tool, looked_up, turn_grammar
+from ._grammar import ANSWER_TOOL, answer_from_call, answer_tool, looked_up, seen_ids, turn_grammar
 from ._toolcalls import parse_tool_calls
 
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
@@ -121,7 +121,7 @@ class OpenAIBackend:
             kwargs["tools"] = [*tools, answer_tool(answer_schema)] if looked else list(tools)
             kwargs["tool_choice"] = "required"
             return
-        grammar = turn_grammar(tools, answer_schema, allow_answer=looked)
+        grammar = turn_grammar(tools, answer_schema, allow_answer=looked, ids=seen_ids(messages))
         field = {"grammar": grammar} if self.constrain == "grammar" else {"structured_outputs": {"grammar": grammar}}
         kwargs["extra_body"] = {**(self.extra_body or {}), **field}
 

@@ -52,11 +52,13 @@ _PLACEHOLDER = {
     "id": "<id>", "ids": ["<id>", "..."], "int": 0, "number": 0.0, "datetime": "<YYYY-MM-DDThh:mm:ssZ>",
     "date": "<YYYY-MM-DD>", "text": "<text>", "bool": True,
 }
+#: A string that is not one of the placeholders above (a small model copied ``"<text>"`` as its answer).
+_NOT_PLACEHOLDER = {"type": "string", "pattern": "^[^<].*$"}
 #: JSON schema of each kind, for constrained decoding (a model can then write no other shape).
 _SCHEMA: dict[str, dict] = {
-    "id": {"type": "string"}, "ids": {"type": "array", "items": {"type": "string"}}, "int": {"type": "integer"},
+    "id": _NOT_PLACEHOLDER, "ids": {"type": "array", "items": _NOT_PLACEHOLDER}, "int": {"type": "integer"},
     "number": {"type": "number"}, "datetime": {"type": "string", "format": "date-time"},
-    "date": {"type": "string", "format": "date"}, "text": {"type": "string"}, "bool": {"type": "boolean"},
+    "date": {"type": "string", "format": "date"}, "text": _NOT_PLACEHOLDER, "bool": {"type": "boolean"},
 }
 NOT_FOUND_SCHEMA = {"type": "object", "properties": {"found": {"const": False}}, "required": ["found"]}
 
