@@ -138,6 +138,19 @@ def test_python_class_agents_load_by_path(tmp_path):
         make_agent("no_such_module:Agent")
 
 
+def test_a_run_with_no_seed_is_refused_before_anything_runs(world, tmp_path):
+    from click.testing import CliRunner
+
+    from fhirgym.cli import main
+
+    with pytest.raises(EvalError, match="nothing to evaluate"):
+        run_eval(EvalSpec(out=tmp_path, agent="null", tasks="records.*", seeds=[]), world)
+    assert not (tmp_path / "results.jsonl").exists()
+    out = CliRunner().invoke(main, ["eval", "--seeds", "0", "--agent", "null", "--out", str(tmp_path / "cli")])
+    assert out.exit_code == 2 and "seed 0 alone is 1" in out.output  # "0" is N = 0 seeds, not seed 0
+    assert not (tmp_path / "cli").exists()
+
+
 def test_resume_skips_finished_episodes_and_repairs_a_torn_tail(world, tmp_path):
     spec = EvalSpec(out=tmp_path, agent="reference", tasks="records.*", seeds=[0, 1])
     first = run_eval(spec, world)

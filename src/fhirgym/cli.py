@@ -416,6 +416,9 @@ def _seeds(value: str) -> list[int]:
     value = value.strip()
     try:
         if value.isdigit():
+            if int(value) == 0:
+                raise click.BadParameter("0 selects no seed: N means seeds 0..N-1, so seed 0 alone is 1 (or 0-0)",
+                                         param_hint="--seeds")
             return list(range(int(value)))
         out: list[int] = []
         for part in value.split(","):

@@ -97,6 +97,8 @@ def instance_seed(spec: EvalSpec, task_id: str, seed: int) -> int:
 def plan(spec: EvalSpec, world: TaskWorld | None = None) -> list[EpisodeKey]:
     """The episodes of a run. QA: ``--tasks`` selects templates (``qa.<template>`` ids or globs, ``all``),
     and seed k is the k-th question of a template in the split."""
+    if not spec.seeds or spec.runs < 1:
+        raise EvalError("no seeds or no runs: nothing to evaluate (one seed is --seeds 1, seed 0)")
     if spec.track == "qa":
         if world is None:
             raise EvalError("the QA track needs the world its questions come from")
