@@ -189,8 +189,14 @@ def test_a_step_limit_refuses_further_calls(world):
 
 
 def test_configurations_are_an_open_registry(world, tmp_path):
-    assert {"baseline", "specs", "codeact"} <= set(configs())
+    assert {"baseline", "read", "specs", "codeact"} <= set(configs())
     assert len(get_config("specs").tools) == len(FHIR_TOOLS) + 4
+    read = [t.name for t in get_config("read").tools]
+    assert read == ["listResourceTypes", "getResourceById", "searchResources"]
+    with Episode(make_instance("clinical.record_blood_pressure", 0, world), "read") as ep:
+        ep.reset()  # a write tool is not granted: the call is refused
+        assert "createResource" in ep.step({"name": "createResource", "arguments": {
+            "resourceType": "Observation", "body": {"resourceType": "Observation"}}}).error
     seen: list[str] = []
     lessons = Config("test-lessons", FHIR_TOOLS, "baseline plus a lesson", system_suffix="Be careful.",
                      prepare=lambda inst: f"Lesson for a {inst.family.category} task.",

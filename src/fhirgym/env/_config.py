@@ -2,7 +2,7 @@
 
 The registry is open: a layer above (memory, a user's package) registers its own configurations with
 :func:`register_config`, or ships them through the ``fhirgym.configs`` entry-point group, whose
-targets are loaded the first time an unknown name is asked for. ``baseline``, ``specs`` and
+targets are loaded the first time an unknown name is asked for. ``baseline``, ``read``, ``specs`` and
 ``codeact`` are registered here because they only need the tools layer.
 """
 
@@ -87,6 +87,10 @@ def configs() -> list[str]:
 
 
 BASELINE = register_config(Config("baseline", FHIR_TOOLS, "the six FHIR CRUD tools"))
+#: Questions need no writes; three tool schemas instead of six halve the tool block of every prompt
+#: (what a CPU model prefills each turn, and what an RL rollout carries).
+READ = register_config(Config("read", tuple(t for t in FHIR_TOOLS if not t.writes),
+                              "the three FHIR read tools (types, read by id, search): for questions"))
 SPECS = register_config(Config("specs", FHIR_TOOLS + tuple(SPEC_TOOLS),
                                "the FHIR tools plus the four FHIR-spec tools"))
 CODEACT = register_config(Config(
