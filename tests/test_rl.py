@@ -107,6 +107,27 @@ def test_text_episode_solves_and_scores(world_spec):
     text.close()
 
 
+def test_the_worked_example_opens_every_adapter_alike(world_spec):
+    """``example``: rows, the text episode, the Gymnasium-style env and SkyRL's env open with the same
+    messages: system, the worked exchange (a native call, its result, the answer), then the request."""
+    from fhirgym.rl import register_skyrl
+
+    register_skyrl()
+    import skyrl_gym
+
+    [row] = dataset_rows("action", "train", tasks="records.find_patient", per_family=1, world=world_spec,
+                         example=True)
+    [plain] = dataset_rows("action", "train", tasks="records.find_patient", per_family=1, world=world_spec)
+    assert row["extra_info"]["example"] is True and plain["extra_info"]["example"] is False
+    assert [m["role"] for m in row["prompt"]] == ["system", "user", "assistant", "tool", "assistant", "user"]
+    assert row["prompt"][2]["content"].startswith("<tool_call>") and "<answer>" in row["prompt"][4]["content"]
+    assert [row["prompt"][0], row["prompt"][-1]] == plain["prompt"]
+    gym = FhirTextEnv()
+    assert gym.reset(options={"extra_info": row["extra_info"]})[0] == row["prompt"]
+    env = skyrl_gym.make("fhirgym-action", env_config={}, extras={"extra_info": row["extra_info"]})
+    assert env.init([])[0] == row["prompt"]
+
+
 def test_same_transcript_same_reward_in_every_adapter(world_spec):
     from fhirgym.rl import register_skyrl
 

@@ -913,6 +913,7 @@ def rl_group() -> None:
               help="Instances per family (seeds of the split); QA: questions per template of the split.")
 @click.option("--max-turns", default=12, show_default=True)
 @click.option("--config", default="baseline", show_default=True, help="Configuration (tools) of the prompts.")
+@click.option("--example", is_flag=True, help="Prompts carry the worked example the local agent shows a small model.")
 @click.option("--qa-per-template", default=20, show_default=True, help="QA: size of the question set built.")
 @click.option("--qa-seed", default=0, show_default=True, help="QA: seed of the question set.")
 @click.option("--format", "formats", default="jsonl,parquet", show_default=True, help="jsonl and/or parquet.")
@@ -920,7 +921,7 @@ def rl_group() -> None:
 @click.option("--world-seed", default=DEFAULT_SEED, show_default=True)
 @click.option("--patients", default=DEFAULT_PATIENTS, show_default=True)
 def rl_dataset(track: str, split: str, selector: str | None, per_family: int, max_turns: int, config: str,
-               qa_per_template: int, qa_seed: int, formats: str, out: Path, world_seed: int, patients: int) -> None:
+               example: bool, qa_per_template: int, qa_seed: int, formats: str, out: Path, world_seed: int, patients: int) -> None:
     """Rows in SkyRL's layout (data_source, prompt, env_class, reward_spec, extra_info); TRL reads them too.
     QA rows come from a question set split by patient, so splits never share a patient."""
     from .rl import dataset_rows, write_rows
@@ -928,7 +929,7 @@ def rl_dataset(track: str, split: str, selector: str | None, per_family: int, ma
     try:
         rows = dataset_rows(track, split, tasks=_selector(selector, "all"), per_family=per_family,
                             max_turns=max_turns, world={"seed": world_seed, "patients": patients}, config=config,
-                            qa={"per_template": qa_per_template, "seed": qa_seed})
+                            qa={"per_template": qa_per_template, "seed": qa_seed}, example=example)
     except (ValueError, KeyError) as exc:
         raise click.ClickException(str(exc)) from None
     try:
@@ -966,6 +967,8 @@ def _rl_common(fn):
         click.option("--per-family", default=4, show_default=True,
                      help="Rows per family (QA: per template) of the split."),
         click.option("--config", default="baseline", show_default=True, help="Configuration (tools)."),
+        click.option("--example", is_flag=True,
+                     help="Prompts carry the worked example the local agent shows a small model."),
         click.option("--max-turns", type=int, default=None, help="Model turns per episode (default: the recipe's; eval 6)."),
         click.option("--max-new-tokens", type=int, default=None,
                      help="Tokens per completion (train: the whole multi-turn completion; eval: per turn)."),
@@ -995,7 +998,8 @@ def _rl_common(fn):
 @click.option("--seed", default=0, show_default=True)
 @click.option("--resume", is_flag=True, help="Go on from the last checkpoint in --out.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
-def rl_train(recipe: str, model: str, track: str, selector: str, per_family: int, config: str, max_turns: int | None,
+def rl_train(recipe: str, model: str, track: str, selector: str, per_family: int, config: str, example: bool,
+             max_turns: int | None,
              max_new_tokens: int | None, world_seed: int, patients: int, qa_per_template: int, qa_seed: int,
              threads: int | None, steps: int, group_size: int | None, prompts_per_batch: int,
              updates_per_batch: int | None, lr: float | None, lora_r: int, save_steps: int, seed: int, resume: bool,
@@ -1010,7 +1014,7 @@ def rl_train(recipe: str, model: str, track: str, selector: str, per_family: int
         raise click.ClickException(f"rl train needs the rl extra: pip install 'fhirgym[rl]' ({exc})") from None
     world, qa = _qa_world(world_seed, patients, qa_per_template, qa_seed)
     spec = TrainSpec(out=out, recipe=recipe, model=model, track=track, tasks=selector, per_family=per_family,
-                     world=world, qa=qa, config=config, max_steps=steps, group_size=group_size,
+                     world=world, qa=qa, config=config, example=example, max_steps=steps, group_size=group_size,
                      prompts_per_batch=prompts_per_batch, updates_per_batch=updates_per_batch, max_turns=max_turns,
                      max_new_tokens=max_new_tokens, lr=lr, lora_r=lora_r, save_steps=save_steps, seed=seed,
                      resume=resume, threads=threads)
@@ -1033,8 +1037,8 @@ def rl_train(recipe: str, model: str, track: str, selector: str, per_family: int
 @_rl_common
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
 def rl_eval_cmd(model: str, base_url: str | None, n: int, split: str, temperature: float, seed: int, track: str,
-                selector: str, per_family: int, config: str, max_turns: int | None, max_new_tokens: int | None,
-                world_seed: int, patients: int, qa_per_template: int, qa_seed: int, threads: int | None,
+                selector: str, per_family: int, config: str, example: bool, max_turns: int | None,
+                max_new_tokens: int | None, world_seed: int, patients: int, qa_per_template: int, qa_seed: int, threads: int | None,
                 out: Path) -> None:
     """The RL evaluation protocol: n passes per held-out prompt; mean ± sd, pass@k, breakdowns by resource
     type and answer shape, mean turns (report.json, episodes.jsonl)."""
@@ -1060,7 +1064,8 @@ def rl_eval_cmd(model: str, base_url: str | None, n: int, split: str, temperatur
             policy.eval()
         report = rl_eval(policy, tokenizer, track=track, split=split, tasks=selector, per_family=per_family, n=n,
                          world=world, qa=qa, config=config, max_turns=max_turns or 6,
-                         max_new_tokens=max_new_tokens or 512, temperature=temperature, seed=seed, out=out)
+                         max_new_tokens=max_new_tokens or 512, temperature=temperature, seed=seed, out=out,
+                         example=example)
     except (ValueError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"{report['prompts']} prompts × {n}: reward {report['mean']:.3f} ± {report['sd']:.3f} (sd over passes), "

@@ -21,6 +21,7 @@ from ._factory import (
     make_backend,
     needs_model,
 )
+from ._prompt import worked_example
 from ._react import SYSTEM_PROMPT, ReactAgent
 from ._scripted import ScriptedBackend
 from ._toolcalls import parse_tool_calls
@@ -62,4 +63,5 @@ __all__ = [
     "model_path",
     "needs_model",
     "parse_tool_calls",
+    "worked_example",
 ]

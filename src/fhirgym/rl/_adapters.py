@@ -18,7 +18,8 @@ from ._text import TEXT_BUDGET, TextEpisode, TextStep
 
 def _episode(extra: dict, config: str = "baseline", reward: RewardSpec | None = None) -> TextEpisode:
     return TextEpisode(instance_for(extra), config, max_turns=int(extra.get("max_turns") or 12),
-                       budget=int(extra.get("budget") or TEXT_BUDGET), reward=reward)
+                       budget=int(extra.get("budget") or TEXT_BUDGET), reward=reward,
+                       example=bool(extra.get("example")))
 
 
 # -- Gymnasium style -----------------------------------------------------------------------------------

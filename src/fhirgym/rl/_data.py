@@ -82,8 +82,8 @@ def instance_for(extra: dict) -> Instance:
     return inst
 
 
-def _prompt(inst: Instance, max_turns: int, config: str) -> list[dict]:
-    text = TextEpisode(inst, config, max_turns=max_turns)
+def _prompt(inst: Instance, max_turns: int, config: str, example: bool) -> list[dict]:
+    text = TextEpisode(inst, config, max_turns=max_turns, example=example)
     try:
         return text.reset()
     finally:
@@ -92,9 +92,11 @@ def _prompt(inst: Instance, max_turns: int, config: str) -> list[dict]:
 
 def dataset_rows(track: str = "action", split: str = "train", *, tasks: str = "all", per_family: int = 8,
                  world: dict | None = None, max_turns: int = 12, qa: dict | None = None,
-                 config: str = "baseline") -> list[dict[str, Any]]:
+                 config: str = "baseline", example: bool = False) -> list[dict[str, Any]]:
     """Rows for ``per_family`` instances of every selected family, from the split's seed range; QA:
-    ``per_family`` questions of every selected template (``qa.<template>`` ids or globs) from the split."""
+    ``per_family`` questions of every selected template (``qa.<template>`` ids or globs) from the split.
+    ``example``: prompts carry the worked example (:class:`TextEpisode`); the row says so, so every
+    adapter that rebuilds the episode opens it the same way."""
     if track not in ENV_CLASSES:
         raise ValueError(f"unknown track {track!r}; use {' or '.join(ENV_CLASSES)}")
     if split not in SPLITS:
@@ -103,7 +105,8 @@ def dataset_rows(track: str = "action", split: str = "train", *, tasks: str = "a
     tw = world_of(world)
     sha = world_sha256(tw.path)
     if track == "qa":
-        return _qa_rows(tw, {**world, "sha256": sha}, split, tasks, per_family, max_turns, qa or DEFAULT_QA, config)
+        return _qa_rows(tw, {**world, "sha256": sha}, split, tasks, per_family, max_turns, qa or DEFAULT_QA, config,
+                        example)
     rows = []
     for fam in select(tasks):
         taken = 0
@@ -114,19 +117,19 @@ def dataset_rows(track: str = "action", split: str = "train", *, tasks: str = "a
                 inst = instance_for({"task_id": fam.id, "seed": seed, "world": world})
             except TaskInfeasible:
                 continue
-            prompt = _prompt(inst, max_turns, config)
+            prompt = _prompt(inst, max_turns, config, example)
             rows.append({"data_source": f"fhirgym/{track}", "prompt": prompt, "env_class": ENV_CLASSES[track],
                          "reward_spec": {"method": "rule", "ground_truth": None},
                          "extra_info": {"track": track, "task_id": fam.id, "seed": seed, "split": split,
                                         "category": fam.category, "difficulty": fam.difficulty,
                                         "writes": inst.writes, "world": {**world, "sha256": sha},
-                                        "max_turns": max_turns}})
+                                        "max_turns": max_turns, "example": example}})
             taken += 1
     return rows
 
 
 def _qa_rows(tw: TaskWorld, world: dict, split: str, tasks: str, per_template: int, max_turns: int,
-             qa: dict, config: str) -> list[dict[str, Any]]:
+             qa: dict, config: str, example: bool) -> list[dict[str, Any]]:
     by_template: dict[str, list[QaQuestion]] = {}
     for q in qa_questions(tw, qa).values():
         if q.split == split:
@@ -141,7 +144,7 @@ def _qa_rows(tw: TaskWorld, world: dict, split: str, tasks: str, per_template: i
     rows = []
     for fam in fams:
         for q in by_template[fam.id[3:]][:per_template]:
-            prompt = _prompt(qa_instance(q, tw), max_turns, config)
+            prompt = _prompt(qa_instance(q, tw), max_turns, config, example)
             rows.append({"data_source": "fhirgym/qa", "prompt": prompt, "env_class": ENV_CLASSES["qa"],
                          "reward_spec": {"method": "rule", "ground_truth": None},
                          "extra_info": {"track": "qa", "task_id": fam.id, "question_id": q.id, "seed": q.seed,
@@ -149,7 +152,7 @@ def _qa_rows(tw: TaskWorld, world: dict, split: str, tasks: str, per_template: i
                                         "category": "qa", "difficulty": fam.difficulty, "writes": False,
                                         "world": world, "qa": {"per_template": int(qa["per_template"]),
                                                                "seed": int(qa["seed"])},
-                                        "max_turns": max_turns}})
+                                        "max_turns": max_turns, "example": example}})
     return rows
 
 

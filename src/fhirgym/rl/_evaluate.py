@@ -82,7 +82,8 @@ def run_passes(sample, rows: list[dict], n: int, *, config: str = "baseline", ma
     results = []
     for row in rows:
         extra = {**row["extra_info"], "max_turns": max_turns}
-        texts = [TextEpisode(instance_for(extra), config, max_turns=max_turns) for _ in range(n)]
+        texts = [TextEpisode(instance_for(extra), config, max_turns=max_turns, example=bool(extra.get("example")))
+                 for _ in range(n)]
         chats = [t.reset() for t in texts]
         live = list(range(n))
         ends: dict[int, Any] = {}
@@ -146,10 +147,10 @@ def summarise(results: list[dict], n: int) -> dict[str, Any]:
 def rl_eval(model: Any, tokenizer: Any = None, *, track: str = "action", split: str = "test", tasks: str = "all",
             per_family: int = 4, n: int = 4, world: dict | None = None, qa: dict | None = None,
             config: str = "baseline", max_turns: int = 6, max_new_tokens: int = 512, temperature: float = 1.0,
-            seed: int = 0, out: Path | None = None) -> dict[str, Any]:
+            seed: int = 0, out: Path | None = None, example: bool = False) -> dict[str, Any]:
     """Evaluate a policy on a split: ``model`` is a torch model (with ``tokenizer``) or a chat backend."""
     rows = dataset_rows(track, split, tasks=tasks, per_family=per_family, world=world or DEFAULT_WORLD,
-                        max_turns=max_turns, qa=qa or DEFAULT_QA, config=config)
+                        max_turns=max_turns, qa=qa or DEFAULT_QA, config=config, example=example)
     if not rows:
         raise ValueError(f"--tasks {tasks!r} gives no {split} rows on the {track} track")
     sample = (_backend_sampler(model, max_new_tokens, temperature) if hasattr(model, "chat")

@@ -16,7 +16,14 @@ from typing import Any
 
 import orjson
 
-from ..agents import CODE_BLOCK, CODEACT_SYSTEM_PROMPT, SYSTEM_PROMPT, clock_block, parse_tool_calls
+from ..agents import (
+    CODE_BLOCK,
+    CODEACT_SYSTEM_PROMPT,
+    SYSTEM_PROMPT,
+    clock_block,
+    parse_tool_calls,
+    worked_example,
+)
 from ..env import Config, Episode
 from ..fhir import json_default_str
 from ..tasks import Instance, Verdict
@@ -53,11 +60,14 @@ class TextEpisode:
 
     Reaching ``max_turns`` with a tool call ends the episode with no final answer (a write the model
     finished still counts). The reward is :meth:`RewardSpec.reward` of the verdict and the transcript.
+    ``example``: the opening messages carry the worked exchange the local agent shows a small model
+    (a look-up in the native format, then an answer in the task's format) between system and request.
     """
 
     def __init__(self, instance: Instance, config: Config | str = "baseline", *, max_turns: int = 12,
-                 budget: int = TEXT_BUDGET, reward: RewardSpec | None = None) -> None:
+                 budget: int = TEXT_BUDGET, reward: RewardSpec | None = None, example: bool = False) -> None:
         self.episode = Episode(instance, config, budget=budget)
+        self.example = example
         self.max_turns = max_turns
         self.reward_spec = reward or RewardSpec()
         self.turns = 0
@@ -67,13 +77,14 @@ class TextEpisode:
         self._names: set[str] = set()
 
     def reset(self) -> list[dict]:
-        """Fork the instance again and return the opening messages (system, user)."""
+        """Fork the instance again and return the opening messages (system, [worked example,] user)."""
         obs = self.episode.reset()
         self.turns, self.malformed, self.verdict, self.last_reward = 0, 0, None, None
         self._names = {s["function"]["name"] for s in obs.tools}
         prompt = CODEACT_SYSTEM_PROMPT if "python" in self._names else SYSTEM_PROMPT  # code blocks run there
         system = prompt + ("\n\n" + obs.instructions if obs.instructions else "") + "\n\n" + tool_block(obs.tools)
-        return [{"role": "system", "content": system},
+        shown = worked_example(obs.tools, obs.answer_schema is not None) if self.example else []
+        return [{"role": "system", "content": system}, *shown,
                 {"role": "user", "content": clock_block(obs.now) + "\n\n" + obs.prompt}]
 
     def step(self, action: str) -> TextStep:

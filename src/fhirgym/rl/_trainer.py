@@ -114,6 +114,7 @@ class TrainSpec:
     world: dict = field(default_factory=lambda: dict(DEFAULT_WORLD))
     qa: dict = field(default_factory=lambda: dict(DEFAULT_QA))
     config: str = "baseline"
+    example: bool = False  # prompts carry the worked example (TextEpisode)
     max_steps: int = 10
     group_size: int | None = None  # default: the recipe's
     prompts_per_batch: int = 2
@@ -218,7 +219,8 @@ def build_trainer(spec: TrainSpec, model: Any = None, tokenizer: Any = None) -> 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     recipe = load_recipe(spec.recipe)
     rows = dataset_rows(spec.track, "train", tasks=spec.tasks, per_family=spec.per_family, world=spec.world,
-                        max_turns=spec.max_turns or recipe.max_turns, qa=spec.qa, config=spec.config)
+                        max_turns=spec.max_turns or recipe.max_turns, qa=spec.qa, config=spec.config,
+                        example=spec.example)
     if not rows:
         raise ValueError(f"--tasks {spec.tasks!r} gives no training rows on the {spec.track} track")
     for r in rows:
