@@ -999,8 +999,7 @@ def _rl_common(fn):
 @click.option("--resume", is_flag=True, help="Go on from the last checkpoint in --out.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
 def rl_train(recipe: str, model: str, track: str, selector: str, per_family: int, config: str, example: bool,
-             max_turns: int | None,
-             max_new_tokens: int | None, world_seed: int, patients: int, qa_per_template: int, qa_seed: int,
+             max_turns: int | None, max_new_tokens: int | None, world_seed: int, patients: int, qa_per_template: int, qa_seed: int,
              threads: int | None, steps: int, group_size: int | None, prompts_per_batch: int,
              updates_per_batch: int | None, lr: float | None, lora_r: int, save_steps: int, seed: int, resume: bool,
              out: Path) -> None:

@@ -15,8 +15,8 @@ answered before looking anything up (issue 17). Under this GBNF grammar a turn c
 
 A ``resourceId`` argument is **grounded**: it must be an id the episode has shown the model (in the task
 or a tool result; :func:`seen_ids`), and tools that need one are left out until there is one. Without this
-the 1.5B read, updated and deleted ids it made up (``Patient/p-41`` from the worked example, ``a-123``) in
-26 of 65 episodes, got a 404 and gave up.
+the 1.5B read, updated or deleted ids it made up (``Patient/p-41`` from the worked example, ``a-123``) in
+31 of 65 episodes, got a 404 and answered.
 
 The argument grammars come from llama-cpp-python's own JSON-schema converter (one converter for all
 tools, so the JSON primitives are shared): object keys in schema order, required ones first, single
