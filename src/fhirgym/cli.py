@@ -921,7 +921,8 @@ def rl_group() -> None:
 @click.option("--world-seed", default=DEFAULT_SEED, show_default=True)
 @click.option("--patients", default=DEFAULT_PATIENTS, show_default=True)
 def rl_dataset(track: str, split: str, selector: str | None, per_family: int, max_turns: int, config: str,
-               example: bool, qa_per_template: int, qa_seed: int, formats: str, out: Path, world_seed: int, patients: int) -> None:
+               example: bool, qa_per_template: int, qa_seed: int, formats: str, out: Path, world_seed: int,
+               patients: int) -> None:
     """Rows in SkyRL's layout (data_source, prompt, env_class, reward_spec, extra_info); TRL reads them too.
     QA rows come from a question set split by patient, so splits never share a patient."""
     from .rl import dataset_rows, write_rows
@@ -999,8 +1000,8 @@ def _rl_common(fn):
 @click.option("--resume", is_flag=True, help="Go on from the last checkpoint in --out.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
 def rl_train(recipe: str, model: str, track: str, selector: str, per_family: int, config: str, example: bool,
-             max_turns: int | None, max_new_tokens: int | None, world_seed: int, patients: int, qa_per_template: int, qa_seed: int,
-             threads: int | None, steps: int, group_size: int | None, prompts_per_batch: int,
+             max_turns: int | None, max_new_tokens: int | None, world_seed: int, patients: int,
+             qa_per_template: int, qa_seed: int, threads: int | None, steps: int, group_size: int | None, prompts_per_batch: int,
              updates_per_batch: int | None, lr: float | None, lora_r: int, save_steps: int, seed: int, resume: bool,
              out: Path) -> None:
     """GRPO with LoRA on the CPU (TRL's GRPOTrainer; needs `pip install 'fhirgym[rl]'`). Writes checkpoints,
@@ -1037,8 +1038,8 @@ def rl_train(recipe: str, model: str, track: str, selector: str, per_family: int
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
 def rl_eval_cmd(model: str, base_url: str | None, n: int, split: str, temperature: float, seed: int, track: str,
                 selector: str, per_family: int, config: str, example: bool, max_turns: int | None,
-                max_new_tokens: int | None, world_seed: int, patients: int, qa_per_template: int, qa_seed: int, threads: int | None,
-                out: Path) -> None:
+                max_new_tokens: int | None, world_seed: int, patients: int, qa_per_template: int, qa_seed: int,
+                threads: int | None, out: Path) -> None:
     """The RL evaluation protocol: n passes per held-out prompt; mean ± sd, pass@k, breakdowns by resource
     type and answer shape, mean turns (report.json, episodes.jsonl)."""
     from .rl import rl_eval

@@ -11,16 +11,9 @@ from typing import Any
 import orjson
 
 from ..env import get_config
-from ._data import ENV_CLASSES, instance_for
+from ._data import ENV_CLASSES, episode_for
 from ._reward import RewardSpec
-from ._text import TEXT_BUDGET, TextEpisode, TextStep
-
-
-def _episode(extra: dict, config: str = "baseline", reward: RewardSpec | None = None) -> TextEpisode:
-    return TextEpisode(instance_for(extra), config, max_turns=int(extra.get("max_turns") or 12),
-                       budget=int(extra.get("budget") or TEXT_BUDGET), reward=reward,
-                       example=bool(extra.get("example")))
-
+from ._text import TextEpisode, TextStep
 
 # -- Gymnasium style -----------------------------------------------------------------------------------
 
@@ -37,7 +30,7 @@ class FhirTextEnv:
         if seed is not None and "seed" not in extra:
             extra["seed"] = seed
         self.close()
-        self.text = _episode(extra, self.config, self.reward)
+        self.text = episode_for(extra, self.config, self.reward)
         return self.text.reset(), {"task_id": extra.get("task_id"), "seed": extra.get("seed")}
 
     def step(self, action: str) -> tuple[list[dict], float, bool, bool, dict]:
@@ -68,7 +61,7 @@ def skyrl_env_class():
             if extras.get("max_turns"):
                 extra["max_turns"] = extras["max_turns"]
             config = (env_config or {}).get("config", "baseline") if isinstance(env_config, dict) else "baseline"
-            self.text = _episode(extra, config)
+            self.text = episode_for(extra, config)
             self.max_turns = self.text.max_turns
 
         def init(self, prompt: list[dict]) -> tuple[list[dict], dict]:
@@ -159,7 +152,7 @@ def trl_environment(config: str = "baseline", reward: RewardSpec | None = None) 
     def reset(self, **row) -> str | None:
         if self.text is not None:
             self.text.close()
-        self.text = _episode(row.get("extra_info") or {}, config, reward)
+        self.text = episode_for(row.get("extra_info") or {}, config, reward)
         self.text.reset()
         return None
 

@@ -20,7 +20,8 @@ import orjson
 from ..tasks import Instance, TaskInfeasible, TaskWorld, make_instance, select
 from ..tasks.qa import QaFamily, QaQuestion, build_questions, qa_instance
 from ..world import DEFAULT_PATIENTS, DEFAULT_SEED, build_world, world_sha256
-from ._text import TextEpisode
+from ._reward import RewardSpec
+from ._text import TEXT_BUDGET, TextEpisode
 
 #: Seeds of each split (per family): disjoint ranges.
 SPLITS = {"train": range(0, 10_000), "valid": range(10_000, 11_000), "test": range(11_000, 12_000)}
@@ -80,6 +81,14 @@ def instance_for(extra: dict) -> Instance:
         while len(_INSTANCES) > _CACHED:
             _INSTANCES.popitem(last=False)
     return inst
+
+
+def episode_for(extra: dict, config: str = "baseline", reward: RewardSpec | None = None) -> TextEpisode:
+    """The text episode a row's ``extra_info`` stands for (turns, output budget, worked example as the row
+    says): every adapter and the evaluation open a row this one way."""
+    return TextEpisode(instance_for(extra), config, max_turns=int(extra.get("max_turns") or 12),
+                       budget=int(extra.get("budget") or TEXT_BUDGET), reward=reward,
+                       example=bool(extra.get("example")))
 
 
 def _prompt(inst: Instance, max_turns: int, config: str, example: bool) -> list[dict]:

@@ -19,7 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from ._data import DEFAULT_QA, DEFAULT_WORLD, dataset_rows, instance_for
+from ._data import DEFAULT_QA, DEFAULT_WORLD, dataset_rows, episode_for
 from ._text import TextEpisode
 
 
@@ -82,8 +82,7 @@ def run_passes(sample, rows: list[dict], n: int, *, config: str = "baseline", ma
     results = []
     for row in rows:
         extra = {**row["extra_info"], "max_turns": max_turns}
-        texts = [TextEpisode(instance_for(extra), config, max_turns=max_turns, example=bool(extra.get("example")))
-                 for _ in range(n)]
+        texts = [episode_for(extra, config) for _ in range(n)]
         chats = [t.reset() for t in texts]
         live = list(range(n))
         ends: dict[int, Any] = {}
