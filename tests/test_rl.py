@@ -10,6 +10,7 @@ import time
 import orjson
 import pytest
 
+from fhirgym.agents import CodeActAgent, ReactAgent
 from fhirgym.env import get_config
 from fhirgym.rl import (
     FhirTextEnv,
@@ -96,6 +97,7 @@ def test_text_episode_solves_and_scores(world_spec):
     assert [m["role"] for m in messages] == ["system", "user"]
     assert "<tools>" in messages[0]["content"] and '"name":"searchResources"' in messages[0]["content"]
     assert "Current date and time" in messages[1]["content"]
+    assert messages[1]["content"].endswith("\n\n" + ReactAgent.nudge)  # the prompt an evaluated agent sees
 
     reward, done = _run_text(_text_step(text), _solve_find_patient(extra))
     assert done and reward == 1.0 and text.verdict.success
@@ -193,6 +195,11 @@ def test_codeact_blocks_are_calls_only_where_a_python_tool_exists(world_spec):
     text.reset()
     assert text.parse("```python\nprint(1)\n```") == []  # baseline grants no python tool: a final answer
     text.close()
+    code = TextEpisode(instance_for({"task_id": "records.find_patient", "seed": 0, "world": world_spec}), "codeact")
+    opening = code.reset()
+    assert opening[-1]["content"].endswith("\n\n" + CodeActAgent.nudge)
+    assert code.parse("```python\nprint(1)\n```") == [("python", {"code": "print(1)\n"})]
+    code.close()
 
 
 def test_reset_cost(world_spec):

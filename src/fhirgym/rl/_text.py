@@ -1,7 +1,8 @@
 """Text in, text out: an :class:`~fhirgym.env.Episode` driven by what a policy model writes.
 
 ``reset()`` gives the chat messages a model starts from (system prompt with the tools in Qwen's
-native ``<tools>`` block, then the clock and the request); ``step(text)`` reads the tool calls in the
+native ``<tools>`` block, then the clock, the request and the agents' closing nudge to look things up:
+the prompt an evaluated agent sees); ``step(text)`` reads the tool calls in the
 model's reply (``<tool_call>`` JSON, fenced JSON, bare JSON; a fenced ```` ```python ```` block is a
 call of the ``python`` tool where the configuration grants one), runs them through the episode and
 returns their results as ``tool`` messages. A reply without a call is the final answer, and so is the
@@ -20,6 +21,8 @@ from ..agents import (
     CODE_BLOCK,
     CODEACT_SYSTEM_PROMPT,
     SYSTEM_PROMPT,
+    CodeActAgent,
+    ReactAgent,
     clock_block,
     parse_tool_calls,
     worked_example,
@@ -81,11 +84,12 @@ class TextEpisode:
         obs = self.episode.reset()
         self.turns, self.malformed, self.verdict, self.last_reward = 0, 0, None, None
         self._names = {s["function"]["name"] for s in obs.tools}
-        prompt = CODEACT_SYSTEM_PROMPT if "python" in self._names else SYSTEM_PROMPT  # code blocks run there
+        code = "python" in self._names  # code blocks run there
+        prompt, nudge = (CODEACT_SYSTEM_PROMPT, CodeActAgent.nudge) if code else (SYSTEM_PROMPT, ReactAgent.nudge)
         system = prompt + ("\n\n" + obs.instructions if obs.instructions else "") + "\n\n" + tool_block(obs.tools)
         shown = worked_example(obs.tools, obs.answer_schema is not None) if self.example else []
         return [{"role": "system", "content": system}, *shown,
-                {"role": "user", "content": clock_block(obs.now) + "\n\n" + obs.prompt}]
+                {"role": "user", "content": clock_block(obs.now) + "\n\n" + obs.prompt + "\n\n" + nudge}]
 
     def step(self, action: str) -> TextStep:
         if self.verdict is not None:
