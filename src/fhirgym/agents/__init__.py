@@ -7,7 +7,16 @@ and ``guess``, ``cmd:PROGRAM`` (an external program talking MCP) and any ``packa
 embedded llama.cpp models, and a scripted backend for tests (``make_backend("local/qwen2.5-coder-1.5b")``).
 """
 
-from ._agent import STOP_REASONS, Agent, AgentResult, AgentTask, clock_block, instantiate, load_class
+from ._agent import (
+    STOP_REASONS,
+    Agent,
+    AgentResult,
+    AgentTask,
+    clock_block,
+    instantiate,
+    load_class,
+    opening_turns,
+)
 from ._backend import LOCAL_MODELS, BackendError, ChatBackend, ChatResult, ContextLengthExceeded, ToolCall
 from ._builtin import CommandAgent, GuessAgent, NothingFoundAgent, NullAgent, ReferenceAgent
 from ._codeact import CODE_BLOCK, CODEACT_SYSTEM_PROMPT, CodeActAgent
@@ -62,6 +71,7 @@ __all__ = [
     "make_backend",
     "model_path",
     "needs_model",
+    "opening_turns",
     "parse_tool_calls",
     "worked_example",
 ]

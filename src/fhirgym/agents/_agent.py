@@ -60,6 +60,16 @@ def clock_block(now: datetime) -> str:
             f"(ISO {now.strftime('%Y-%m-%dT%H:%M:%SZ')}). All clinic times are UTC.")
 
 
+def opening_turns(system_prompt: str, instructions: str | None, now: datetime, prompt: str,
+                  nudge: str) -> tuple[str, str]:
+    """The system text and the first user text of a model-driven episode: one home for what an evaluated
+    agent and an RL text episode are told. The clock opens the user turn, not the system prompt, so that
+    system prompt + tool schemas form the same prefix in every episode, which a local model reuses from
+    its KV cache (no prefill); ``nudge`` closes the request."""
+    system = system_prompt + ("\n\n" + instructions if instructions else "")
+    return system, clock_block(now) + "\n\n" + prompt + "\n\n" + nudge
+
+
 def load_class(spec: str) -> type:
     """``package.module:Class`` → the class (clear errors for a typo'd path)."""
     module_name, _, attr = spec.partition(":")

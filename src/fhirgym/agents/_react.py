@@ -17,7 +17,7 @@ import orjson
 
 from ..fhir import json_default_str
 from ..tools import final_answer_of
-from ._agent import AgentResult, AgentTask, clock_block
+from ._agent import AgentResult, AgentTask, opening_turns
 from ._backend import BackendError, ChatBackend, ContextLengthExceeded
 
 SYSTEM_PROMPT = """You are a careful health-IT assistant working on an HL7 FHIR R4 server through tools.
@@ -53,12 +53,7 @@ class ReactAgent:
         self.seed = seed
 
     def run(self, task: AgentTask) -> AgentResult:
-        system = self.system_prompt
-        if task.instructions:
-            system += "\n\n" + task.instructions
-        # The clock opens the user turn, not the system prompt: system prompt + tool schemas then form the
-        # same prefix in every episode, which a local model reuses from its KV cache (no prefill).
-        user = clock_block(task.now) + "\n\n" + task.prompt + "\n\n" + self.nudge
+        system, user = opening_turns(self.system_prompt, task.instructions, task.now, task.prompt, self.nudge)
         messages: list[dict] = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         result = AgentResult(None, "max_iterations", messages=messages)
         schemas = task.tools.schemas()

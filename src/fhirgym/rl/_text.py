@@ -23,7 +23,7 @@ from ..agents import (
     SYSTEM_PROMPT,
     CodeActAgent,
     ReactAgent,
-    clock_block,
+    opening_turns,
     parse_tool_calls,
     worked_example,
 )
@@ -86,10 +86,10 @@ class TextEpisode:
         self._names = {s["function"]["name"] for s in obs.tools}
         code = "python" in self._names  # code blocks run there
         prompt, nudge = (CODEACT_SYSTEM_PROMPT, CodeActAgent.nudge) if code else (SYSTEM_PROMPT, ReactAgent.nudge)
-        system = prompt + ("\n\n" + obs.instructions if obs.instructions else "") + "\n\n" + tool_block(obs.tools)
+        system, user = opening_turns(prompt, obs.instructions, obs.now, obs.prompt, nudge)
         shown = worked_example(obs.tools, obs.answer_schema is not None) if self.example else []
-        return [{"role": "system", "content": system}, *shown,
-                {"role": "user", "content": clock_block(obs.now) + "\n\n" + obs.prompt + "\n\n" + nudge}]
+        return [{"role": "system", "content": system + "\n\n" + tool_block(obs.tools)}, *shown,
+                {"role": "user", "content": user}]
 
     def step(self, action: str) -> TextStep:
         if self.verdict is not None:
