@@ -202,7 +202,9 @@ def check_world(path: str | Path) -> ValidationReport:
 def generate_resources(seed: int, patients: int, anchor: date, timings: dict[str, float] | None = None
                        ) -> list[dict]:
     """All resources of a world, in a deterministic order (Synthea first, then each generator)."""
-    from . import _admin, _clinical, _genetics
+    from ._admin import generate as generate_admin
+    from ._clinical import generate as generate_clinical
+    from ._genetics import generate as generate_genetics
 
     timings = timings if timings is not None else {}
     t = time.perf_counter()
@@ -212,8 +214,8 @@ def generate_resources(seed: int, patients: int, anchor: date, timings: dict[str
     t = time.perf_counter()
     ctx = WorldContext(seed=seed, anchor=anchor)
     ctx.add(clinical)
-    for generator in (_clinical, _admin, _genetics):
-        ctx.add(generator.generate(ctx))
+    for generate in (generate_clinical, generate_admin, generate_genetics):
+        ctx.add(generate(ctx))
     timings["generators"] = time.perf_counter() - t
     return ctx.resources
 
