@@ -172,6 +172,7 @@ def test_train_clips_off_policy_writes_curve_checkpoints_and_resumes(tiny, world
     assert [r["step"] for r in curve] == [1, 2, 3, 4]
     assert (spec.out / "curve.png").stat().st_size > 1000
     assert (spec.out / "checkpoint-2").is_dir() and (spec.out / "checkpoint-4").is_dir()
+    assert json.loads((spec.out / "checkpoint-2" / "fhirgym_base.json").read_text())["model"] == str(tiny)
     # the scripted group solves twice in four: reward 0.5 per step, advantages ±0.866 (std over n - 1)
     assert [r.get("reward") for r in curve] == [pytest.approx(0.5), None, pytest.approx(0.5), None]
     assert len(seen) == 2  # 4 steps, 2 optimiser steps per generation batch
@@ -235,6 +236,41 @@ def test_the_ratio_leaves_one_on_the_second_update(tiny, world_spec, tmp_path):
     mask1 = buffered[1]["completion_mask"].bool()
     assert first[mask0].max() < 1e-5  # ratio 1 on the first update
     assert second[mask1].max() > 1e-3  # the policy has moved: the ratio is not 1, the clip can act
+
+
+def test_trl_runs_the_bare_json_calls_the_episode_runs(tiny, world_spec, tmp_path):
+    """The 0.5B mostly writes its call as a bare JSON object; TRL's Qwen parser reads only tagged calls, so
+    without fhirgym's parsing TRL would end those rollouts unanswered (reward 0). With it, the same
+    scripted group as the tagged test calls the tool and scores the same 0.5."""
+    def bare(i: int, prompt: str) -> str:
+        return _replies(i, prompt).replace("<tool_call>\n", "").replace("\n</tool_call>", "")
+
+    assert not bare(0, "Ada").startswith("<")
+    spec = _spec(tmp_path / "bare", tiny, world_spec, max_steps=2)
+    trainer = build_trainer(spec, *_scripted(tiny, bare))
+    seen = []
+    original = trainer._generate_and_score_completions
+
+    def spy(inputs):
+        out = original(inputs)
+        seen.append(out)
+        return out
+
+    trainer._generate_and_score_completions = spy
+    trainer.train()
+    curve = [json.loads(line) for line in (spec.out / "curve.jsonl").read_text().splitlines()]
+    assert curve[0]["reward"] == pytest.approx(0.5) and curve[0]["tools/call_frequency"] > 0
+    assert (seen[0]["tool_mask"] == 0).any()  # the tool's result went into the completion, masked
+
+
+def test_a_time_limit_stops_at_a_rollout_batch_boundary_and_saves(tiny, world_spec, tmp_path):
+    """A limit of 0 minutes is past after the first optimiser step, but the run finishes the rollout batch
+    (2 updates) before it stops, then saves final/ and says why it stopped."""
+    spec = _spec(tmp_path / "limit", tiny, world_spec, max_steps=6, time_limit_min=0.0)
+    summary = train(spec, *_scripted(tiny))
+    assert summary["steps"] == 2 and summary["stopped_by"] == "time_limit"
+    assert (spec.out / "final" / "adapter_config.json").is_file() and (spec.out / "checkpoint-2").is_dir()
+    assert train(_spec(tmp_path / "full", tiny, world_spec, max_steps=2), *_scripted(tiny))["stopped_by"] == "steps"
 
 
 def test_dynamic_recipe_masks_flat_groups(tiny, world_spec, tmp_path):

@@ -998,12 +998,14 @@ def _rl_common(fn):
 @click.option("--save-steps", default=5, show_default=True, help="Checkpoint every N steps.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--resume", is_flag=True, help="Go on from the last checkpoint in --out.")
+@click.option("--time-limit", type=float, default=None,
+              help="Minutes of training: stop at the first rollout-batch boundary past it (then save as usual).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
 def rl_train(recipe: str, model: str, track: str, selector: str, per_family: int, config: str, example: bool,
              max_turns: int | None, max_new_tokens: int | None, world_seed: int, patients: int,
              qa_per_template: int, qa_seed: int, threads: int | None, steps: int, group_size: int | None, prompts_per_batch: int,
              updates_per_batch: int | None, lr: float | None, lora_r: int, save_steps: int, seed: int, resume: bool,
-             out: Path) -> None:
+             time_limit: float | None, out: Path) -> None:
     """GRPO with LoRA on the CPU (TRL's GRPOTrainer; needs `pip install 'fhirgym[rl]'`). Writes checkpoints,
     curve.jsonl and curve.png as it goes, then final/ (the LoRA adapter) and summary.json."""
     try:
@@ -1017,7 +1019,7 @@ def rl_train(recipe: str, model: str, track: str, selector: str, per_family: int
                      world=world, qa=qa, config=config, example=example, max_steps=steps, group_size=group_size,
                      prompts_per_batch=prompts_per_batch, updates_per_batch=updates_per_batch, max_turns=max_turns,
                      max_new_tokens=max_new_tokens, lr=lr, lora_r=lora_r, save_steps=save_steps, seed=seed,
-                     resume=resume, threads=threads)
+                     resume=resume, threads=threads, time_limit_min=time_limit)
     try:
         summary = train(spec)
     except (ValueError, FileNotFoundError) as exc:

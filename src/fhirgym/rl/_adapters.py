@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 
+from ..agents import parse_tool_calls
 from ..env import get_config
 from ._data import ENV_CLASSES, episode_for
 from ._reward import RewardSpec
@@ -166,6 +167,38 @@ def trl_environment(config: str = "baseline", reward: RewardSpec | None = None) 
                      __doc__="fhirgym episode for TRL's environment_factory (tools: "
                              + ", ".join(t.name for t in get_config(config).tools) + ").")
     return type("FhirTrlEnv", (), namespace)
+
+
+def trl_tool_parsing(tokenizer: Any, config: str = "baseline") -> Any:
+    """``tokenizer`` with its ``parse_response`` (what TRL's tool loop reads calls with) extended to the call
+    forms :class:`TextEpisode` accepts. TRL's Qwen response template finds only ``<tool_call>``-tagged calls;
+    the 0.5B mostly writes the bare JSON object, which every other adapter executes. Without this, TRL would
+    end such a rollout on its first turn and the same transcript would score differently under TRL."""
+    names = {t.name for t in get_config(config).tools}
+    native = tokenizer.parse_response  # bound: TRL sets the response template on this same object later
+
+    def one(parsed: Any) -> Any:
+        if not isinstance(parsed, dict) or parsed.get("tool_calls"):
+            return parsed
+        calls, rest = parse_tool_calls(parsed.get("content") or "", names)
+        if not calls:
+            return parsed
+        return {**parsed, "content": rest.strip(),
+                "tool_calls": [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                               for c in calls]}
+
+    def parse_response(response: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            parsed = native(response, *args, **kwargs)
+        except (ValueError, TypeError):  # e.g. a malformed tagged call: read the text as the episode would
+            if not isinstance(response, str) and response and not isinstance(response[0], int):
+                raise  # a batch: leave it to TRL's own fallback
+            text = response if isinstance(response, str) else tokenizer.decode(response, skip_special_tokens=True)
+            parsed = {"role": "assistant", "content": text.removesuffix(tokenizer.eos_token or "")}
+        return [one(p) for p in parsed] if isinstance(parsed, list) else one(parsed)
+
+    tokenizer.parse_response = parse_response
+    return tokenizer
 
 
 def trl_reward(env: Any, final_text: str | None) -> float:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..agents import LOCAL_MODELS, model_path
-from ._adapters import trl_environment, trl_reward
+from ._adapters import trl_environment, trl_reward, trl_tool_parsing
 from ._data import DEFAULT_QA, DEFAULT_WORLD, dataset_rows
 from ._dynamic import dynamic_trainer_class
 from ._recipes import load_recipe, trl_args
@@ -127,6 +127,7 @@ class TrainSpec:
     seed: int = 0
     resume: bool = False
     threads: int | None = None
+    time_limit_min: float | None = None  # stop at the first rollout-batch boundary past this wall time
 
 
 def grpo_args(spec: TrainSpec) -> dict[str, Any]:
@@ -174,6 +175,40 @@ def _curve_callback(path: Path, plot: Path, t0: float):
             plot_curve(path, plot)
 
     return CurveWriter()
+
+
+def _base_callback(spec: TrainSpec):
+    from transformers import TrainerCallback
+
+    class NameTheBase(TrainerCallback):
+        """Writes ``fhirgym_base.json`` into every ``checkpoint-N`` as into ``final/``, so any checkpoint
+        can be exported or evaluated (PEFT records only the base's directory, no GGUF file)."""
+
+        def on_save(self, args, state, control, **kwargs):
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if folder.is_dir():
+                _name_the_base(folder, spec)
+
+    return NameTheBase()
+
+
+def _name_the_base(folder: Path, spec: TrainSpec) -> None:
+    (folder / BASE_FILE).write_text(json.dumps({"model": spec.model, "recipe": spec.recipe, "track": spec.track}))
+
+
+def _time_limit_callback(minutes: float, steps_per_batch: int, t0: float):
+    from transformers import TrainerCallback
+
+    class TimeLimit(TrainerCallback):
+        """Ends training at the first rollout-batch boundary after ``minutes`` of wall time, so a run fits a
+        budget without wasting a generated batch; the trainer then saves ``final/`` as after ``--steps``."""
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step % steps_per_batch == 0 and time.perf_counter() - t0 >= 60 * minutes:
+                control.should_training_stop = True
+                control.should_save = True
+
+    return TimeLimit()
 
 
 def plot_curve(curve: Path, out: Path) -> Path:
@@ -227,6 +262,7 @@ def build_trainer(spec: TrainSpec, model: Any = None, tokenizer: Any = None) -> 
         r["prompt"] = trl_prompt(r["prompt"])
     if model is None:
         model, tokenizer = load_policy(spec.model)
+    tokenizer = trl_tool_parsing(tokenizer, spec.config)
     spec.out.mkdir(parents=True, exist_ok=True)
     (spec.out / "train_spec.json").write_text(json.dumps(asdict(spec), default=str, indent=1))
     cls = dynamic_trainer_class() if recipe.dynamic else GRPOTrainer
@@ -235,7 +271,11 @@ def build_trainer(spec: TrainSpec, model: Any = None, tokenizer: Any = None) -> 
     trainer = cls(model=model, processing_class=tokenizer, reward_funcs=[episode_reward],
                   args=GRPOConfig(**grpo_args(spec)), train_dataset=Dataset.from_list(rows),
                   environment_factory=trl_environment(spec.config), peft_config=lora)
-    trainer.add_callback(_curve_callback(spec.out / "curve.jsonl", spec.out / "curve.png", time.perf_counter()))
+    t0 = time.perf_counter()
+    trainer.add_callback(_curve_callback(spec.out / "curve.jsonl", spec.out / "curve.png", t0))
+    trainer.add_callback(_base_callback(spec))
+    if spec.time_limit_min is not None:
+        trainer.add_callback(_time_limit_callback(spec.time_limit_min, trainer.args.steps_per_generation, t0))
     return trainer
 
 
@@ -251,13 +291,14 @@ def train(spec: TrainSpec, model: Any = None, tokenizer: Any = None) -> dict[str
     final = spec.out / "final"
     trainer.save_model(str(final))
     trainer.processing_class.save_pretrained(str(final))
-    (final / BASE_FILE).write_text(json.dumps({"model": spec.model, "recipe": spec.recipe, "track": spec.track}))
+    _name_the_base(final, spec)
     args = trainer.args
     steps_done = trainer.state.global_step - (int(Path(checkpoint).name.split("-")[1]) if checkpoint else 0)
     rollouts = steps_done * args.per_device_train_batch_size  # completions generated: one batch per step on average
     summary = {"steps": trainer.state.global_step, "steps_this_run": steps_done, "wall_s": round(wall, 1),
                "steps_per_min": round(60 * steps_done / wall, 3) if wall else None,
                "rollouts_per_min": round(60 * rollouts / wall, 3) if wall else None,
+               "stopped_by": "time_limit" if trainer.state.global_step < spec.max_steps else "steps",
                "resumed_from": checkpoint, "final": str(final), "train_loss": result.training_loss}
     (spec.out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
