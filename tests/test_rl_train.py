@@ -151,14 +151,9 @@ def _spec(out, tiny, world_spec, **kw):
     return TrainSpec(**base)
 
 
-def test_train_clips_off_policy_writes_curve_checkpoints_and_resumes(tiny, world_spec, tmp_path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    spec = _spec(tmp_path / "run", tiny, world_spec, recipe="clip-higher")
-    model, tok = AutoModelForCausalLM.from_pretrained(tiny), AutoTokenizer.from_pretrained(tiny)
-    model.generate = scripted_generate(tok, _replies)
-    seen = []
-    trainer = build_trainer(spec, model, tok)
+def _spy_on_generation(trainer) -> list[dict]:
+    """What each of the trainer's generation batches hands to the loss (copied: TRL edits it in place)."""
+    seen: list[dict] = []
     original = trainer._generate_and_score_completions
 
     def spy(inputs):
@@ -167,6 +162,17 @@ def test_train_clips_off_policy_writes_curve_checkpoints_and_resumes(tiny, world
         return out
 
     trainer._generate_and_score_completions = spy
+    return seen
+
+
+def test_train_clips_off_policy_writes_curve_checkpoints_and_resumes(tiny, world_spec, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = _spec(tmp_path / "run", tiny, world_spec, recipe="clip-higher")
+    model, tok = AutoModelForCausalLM.from_pretrained(tiny), AutoTokenizer.from_pretrained(tiny)
+    model.generate = scripted_generate(tok, _replies)
+    trainer = build_trainer(spec, model, tok)
+    seen = _spy_on_generation(trainer)
     trainer.train()
     curve = [json.loads(line) for line in (spec.out / "curve.jsonl").read_text().splitlines()]
     assert [r["step"] for r in curve] == [1, 2, 3, 4]
@@ -248,15 +254,7 @@ def test_trl_runs_the_bare_json_calls_the_episode_runs(tiny, world_spec, tmp_pat
     assert not bare(0, "Ada").startswith("<")
     spec = _spec(tmp_path / "bare", tiny, world_spec, max_steps=2)
     trainer = build_trainer(spec, *_scripted(tiny, bare))
-    seen = []
-    original = trainer._generate_and_score_completions
-
-    def spy(inputs):
-        out = original(inputs)
-        seen.append(out)
-        return out
-
-    trainer._generate_and_score_completions = spy
+    seen = _spy_on_generation(trainer)
     trainer.train()
     curve = [json.loads(line) for line in (spec.out / "curve.jsonl").read_text().splitlines()]
     assert curve[0]["reward"] == pytest.approx(0.5) and curve[0]["tools/call_frequency"] > 0
@@ -279,15 +277,7 @@ def test_dynamic_recipe_masks_flat_groups(tiny, world_spec, tmp_path):
     spec = _spec(tmp_path / "dyn", tiny, world_spec, recipe="clip-higher+dynamic", max_steps=2)
     trainer = build_trainer(spec, *_scripted(tiny, lambda i, p: '<answer>{"patient_id": "nobody"}</answer>'))
     assert type(trainer).__name__ == "DynamicSamplingGRPOTrainer"
-    seen = []
-    original = trainer._generate_and_score_completions
-
-    def spy(inputs):
-        out = original(inputs)
-        seen.append(out)
-        return out
-
-    trainer._generate_and_score_completions = spy
+    seen = _spy_on_generation(trainer)
     trainer.train()
     assert int(seen[0]["num_items_in_batch"]) == 0 and int(seen[0]["completion_mask"].sum()) == 0
     curve = [json.loads(line) for line in (spec.out / "curve.jsonl").read_text().splitlines()]

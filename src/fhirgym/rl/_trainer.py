@@ -298,7 +298,8 @@ def train(spec: TrainSpec, model: Any = None, tokenizer: Any = None) -> dict[str
     summary = {"steps": trainer.state.global_step, "steps_this_run": steps_done, "wall_s": round(wall, 1),
                "steps_per_min": round(60 * steps_done / wall, 3) if wall else None,
                "rollouts_per_min": round(60 * rollouts / wall, 3) if wall else None,
-               "stopped_by": "time_limit" if trainer.state.global_step < spec.max_steps else "steps",
+               "stopped_by": ("time_limit" if spec.time_limit_min is not None
+                              and trainer.state.global_step < spec.max_steps else "steps"),
                "resumed_from": checkpoint, "final": str(final), "train_loss": result.training_loss}
     (spec.out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
