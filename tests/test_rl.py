@@ -385,3 +385,32 @@ def test_qa_reward_can_come_from_the_judge(qa_rows):
         assert step.reward == float(says) and step.info["success"] is says
         assert judge.asked[0][2] == "The final answer is: 7 giraffes" and "Question:" in judge.asked[0][0]
         text.close()
+
+
+def test_trl_tool_parsing_reads_calls_as_the_episode_does():
+    """The tokenizer TRL parses with finds the bare JSON call the episode would run, also when its own
+    parser fails on a malformed tag; tagged calls and plain answers pass through unchanged."""
+    from fhirgym.agents import parse_tool_calls
+    from fhirgym.rl._adapters import trl_tool_parsing
+
+    call = '{"name": "getResourceById", "arguments": {"resourceType": "Patient", "resourceId": "p1"}}'
+    tagged = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+        "name": "getResourceById", "arguments": {"resourceType": "Patient", "resourceId": "p1"}}}]}
+
+    class Tok:
+        eos_token = "<|im_end|>"
+
+        def parse_response(self, response, prefix=None, tools=None):
+            if response.startswith("<tool_call>{broken"):
+                raise ValueError("malformed tool call")
+            return dict(tagged) if response.startswith("<tool_call>\n{") else {"role": "assistant", "content": response}
+
+    tok = trl_tool_parsing(Tok(), "read")
+    assert tok.parse_response(call, prefix=[1]) == {"role": "assistant", "content": "", "tool_calls": tagged["tool_calls"]}
+    assert tok.parse_response("<tool_call>\n" + call + "\n</tool_call>") == tagged
+    assert tok.parse_response("The final answer is: male") == {"role": "assistant", "content": "The final answer is: male"}
+    broken = "<tool_call>{broken</tool_call>\n" + call + "<|im_end|>"
+    parsed = tok.parse_response(broken)
+    (episode_call,), _ = parse_tool_calls(broken.removesuffix("<|im_end|>"), {"getResourceById"})
+    assert parsed["tool_calls"] == [{"type": "function", "function": {"name": episode_call.name,
+                                                                      "arguments": episode_call.arguments}}]
