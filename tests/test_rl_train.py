@@ -315,3 +315,32 @@ def test_eval_protocol_on_the_qa_track(tiny, world_spec, tmp_path):
     assert report["prompts"] == 2 and report["mean"] == pytest.approx(0.5) and report["pass@k"]["2"] == 1.0
     assert set(report["by_shape"]) == {"text", "count"} and "Patient" in report["by_resource_type"]
     assert report["mean_turns"] == 1.0
+
+
+def test_bfloat16_training_keeps_the_head_and_lora_in_float32(tiny, world_spec, tmp_path):
+    """``dtype="bfloat16"``: the decoder computes in bfloat16, the output head (an untied float32 copy of the
+    tied embedding) gives float32 logits, LoRA trains in float32, and the clip sees a ratio of exactly 1 on
+    the first update, as in float32."""
+    from fhirgym.rl import load_policy
+
+    model, tok = load_policy(str(tiny), dtype="bfloat16")
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    assert embed.weight.dtype == torch.bfloat16 and head.weight.dtype == torch.float32
+    assert torch.equal(head.weight, embed.weight.float()) and head.weight.data_ptr() != embed.weight.data_ptr()
+    ids = torch.tensor([[1, 2, 3]])
+    assert model(input_ids=ids).logits.dtype == torch.float32
+    with pytest.raises(ValueError, match="dtype 'float16'"):
+        load_policy(str(tiny), dtype="float16")
+
+    model.generate = scripted_generate(tok, _replies)
+    spec = _spec(tmp_path / "bf16", tiny, world_spec, max_steps=2, dtype="bfloat16")
+    trainer = build_trainer(spec, model, tok)
+    seen = _spy_on_generation(trainer)
+    lora = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert lora and all(p.dtype == torch.float32 for p in lora.values())
+    trainer.train()
+    after = dict(trainer.model.named_parameters())
+    assert any(not torch.equal(after[n].detach(), p) for n, p in lora.items())  # it trained
+    assert seen[0]["old_per_token_logps"].dtype == torch.float32
+    curve = [json.loads(line) for line in (spec.out / "curve.jsonl").read_text().splitlines()]
+    assert curve[0]["reward"] == pytest.approx(0.5) and curve[0]["clip_ratio/region_mean"] == 0.0
