@@ -259,6 +259,11 @@ def test_trl_runs_the_bare_json_calls_the_episode_runs(tiny, world_spec, tmp_pat
     curve = [json.loads(line) for line in (spec.out / "curve.jsonl").read_text().splitlines()]
     assert curve[0]["reward"] == pytest.approx(0.5) and curve[0]["tools/call_frequency"] > 0
     assert (seen[0]["tool_mask"] == 0).any()  # the tool's result went into the completion, masked
+    rollouts = [json.loads(line) for line in (spec.out / "rollouts.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rollouts] == [1] * 4  # what each reward paid for, as TRL ran it
+    assert sum(r["reward"] for r in rollouts) / 4 == pytest.approx(curve[0]["reward"])
+    called = [r for r in rollouts if any(m["role"] == "tool" for m in r["completion"])]
+    assert len(called) == 2 and all(r["extra_info"]["task_id"] == TASK for r in rollouts)
 
 
 def test_a_time_limit_stops_at_a_rollout_batch_boundary_and_saves(tiny, world_spec, tmp_path):

@@ -5,7 +5,8 @@
 :func:`episode_reward`), maps the recipe with :func:`trl_args`, adds dynamic sampling by masking where the
 recipe asks for it (:mod:`fhirgym.rl._dynamic`), and writes as it goes: checkpoints (``checkpoint-N``,
 resumed with ``resume=True``), ``curve.jsonl`` (one line per optimiser step: reward, its spread, the share
-of flat groups, clip ratios, wall time) and ``curve.png``. The progress bar is the Trainer's.
+of flat groups, clip ratios, wall time), ``curve.png`` and ``rollouts.jsonl`` (every rollout and its
+reward). The progress bar is the Trainer's.
 
 Weights (:func:`load_policy`): a local model name (``qwen2.5-coder-0.5b``, the GGUF fhirgym assembles,
 dequantised to fp32 by transformers with the ``gguf`` package), a path to a ``.gguf`` file, a directory
@@ -133,6 +134,25 @@ def episode_reward(completions: list, environments: list | None = None, **_: Any
     if environments is None:
         raise RuntimeError("episode_reward needs TRL's environment_factory (environments=...)")
     return [trl_reward(env, final_text(c)) for env, c in zip(environments, completions, strict=True)]
+
+
+def _logged_reward(path: Path):
+    """:func:`episode_reward` that also appends each rollout to ``rollouts.jsonl`` (optimiser step, question,
+    reward, the whole completion with its tool results), so what a reward paid for can be read back."""
+
+    def episode_reward_logged(completions: list, environments: list | None = None, trainer_state: Any = None,
+                              extra_info: list | None = None, **_: Any) -> list[float]:
+        rewards = episode_reward(completions, environments)
+        step = trainer_state.global_step + 1 if trainer_state is not None else None
+        with open(path, "a") as fh:
+            for i, (completion, reward) in enumerate(zip(completions, rewards, strict=True)):
+                fh.write(json.dumps({"step": step, "rollout": i, "reward": reward,
+                                     "extra_info": extra_info[i] if extra_info else None,
+                                     "completion": completion}, default=str) + "\n")
+        return rewards
+
+    episode_reward_logged.__name__ = "episode_reward"  # TRL names the reward's log columns after it
+    return episode_reward_logged
 
 
 @dataclass
@@ -304,7 +324,7 @@ def build_trainer(spec: TrainSpec, model: Any = None, tokenizer: Any = None) -> 
     cls = dynamic_trainer_class() if recipe.dynamic else GRPOTrainer
     lora = LoraConfig(r=spec.lora_r, lora_alpha=2 * spec.lora_r, lora_dropout=0.0, target_modules=list(LORA_TARGETS),
                       task_type="CAUSAL_LM")
-    trainer = cls(model=model, processing_class=tokenizer, reward_funcs=[episode_reward],
+    trainer = cls(model=model, processing_class=tokenizer, reward_funcs=[_logged_reward(spec.out / "rollouts.jsonl")],
                   args=GRPOConfig(**grpo_args(spec)), train_dataset=Dataset.from_list(rows),
                   environment_factory=trl_environment(spec.config), peft_config=lora)
     t0 = time.perf_counter()
@@ -319,8 +339,9 @@ def train(spec: TrainSpec, model: Any = None, tokenizer: Any = None) -> dict[str
     """Run (or resume) the training; returns the run's summary (also written to ``summary.json``)."""
     trainer = build_trainer(spec, model, tokenizer)
     checkpoint = _last_checkpoint(spec.out) if spec.resume else None
-    if not spec.resume and (spec.out / "curve.jsonl").exists():
-        (spec.out / "curve.jsonl").unlink()  # a fresh run starts a fresh curve
+    if not spec.resume:  # a fresh run starts a fresh curve and rollout log
+        for name in ("curve.jsonl", "rollouts.jsonl"):
+            (spec.out / name).unlink(missing_ok=True)
     t0 = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=checkpoint)
     wall = time.perf_counter() - t0
