@@ -225,7 +225,7 @@ def _curve_callback(path: Path, plot: Path, t0: float):
                    **{k: logs[k] for k in ("reward", "reward_std", "frac_reward_zero_std", "loss",
                                            "clip_ratio/region_mean", "clip_ratio/high_mean", "clip_ratio/low_mean",
                                            "dynamic/masked_group_frac", "completions/mean_length",
-                                           "tools/call_frequency") if k in logs}}
+                                           "tools/call_frequency", "kl") if k in logs}}
             with open(path, "a") as fh:
                 fh.write(json.dumps(row) + "\n")
             plot_curve(path, plot)
