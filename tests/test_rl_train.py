@@ -151,6 +151,10 @@ def _spec(out, tiny, world_spec, **kw):
     return TrainSpec(**base)
 
 
+def _jsonl(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
 def _spy_on_generation(trainer) -> list[dict]:
     """What each of the trainer's generation batches hands to the loss (copied: TRL edits it in place)."""
     seen: list[dict] = []
@@ -174,7 +178,7 @@ def test_train_clips_off_policy_writes_curve_checkpoints_and_resumes(tiny, world
     trainer = build_trainer(spec, model, tok)
     seen = _spy_on_generation(trainer)
     trainer.train()
-    curve = [json.loads(line) for line in (spec.out / "curve.jsonl").read_text().splitlines()]
+    curve = _jsonl(spec.out / "curve.jsonl")
     assert [r["step"] for r in curve] == [1, 2, 3, 4]
     assert (spec.out / "curve.png").stat().st_size > 1000
     assert (spec.out / "checkpoint-2").is_dir() and (spec.out / "checkpoint-4").is_dir()
@@ -196,7 +200,7 @@ def test_train_clips_off_policy_writes_curve_checkpoints_and_resumes(tiny, world
     resumed = train(_spec(spec.out, tiny, world_spec, recipe="clip-higher", max_steps=6, resume=True),
                     *_scripted(tiny))
     assert resumed["resumed_from"].endswith("checkpoint-4") and resumed["steps"] == 6 and resumed["steps_this_run"] == 2
-    curve = [json.loads(line) for line in (spec.out / "curve.jsonl").read_text().splitlines()]
+    curve = _jsonl(spec.out / "curve.jsonl")
     assert [r["step"] for r in curve] == [1, 2, 3, 4, 5, 6]
     assert (spec.out / "final" / "adapter_config.json").is_file()
     assert json.loads((spec.out / "final" / "fhirgym_base.json").read_text())["model"] == str(tiny)
@@ -256,10 +260,10 @@ def test_trl_runs_the_bare_json_calls_the_episode_runs(tiny, world_spec, tmp_pat
     trainer = build_trainer(spec, *_scripted(tiny, bare))
     seen = _spy_on_generation(trainer)
     trainer.train()
-    curve = [json.loads(line) for line in (spec.out / "curve.jsonl").read_text().splitlines()]
+    curve = _jsonl(spec.out / "curve.jsonl")
     assert curve[0]["reward"] == pytest.approx(0.5) and curve[0]["tools/call_frequency"] > 0
     assert (seen[0]["tool_mask"] == 0).any()  # the tool's result went into the completion, masked
-    rollouts = [json.loads(line) for line in (spec.out / "rollouts.jsonl").read_text().splitlines()]
+    rollouts = _jsonl(spec.out / "rollouts.jsonl")
     assert [r["step"] for r in rollouts] == [1] * 4  # what each reward paid for, as TRL ran it
     assert sum(r["reward"] for r in rollouts) / 4 == pytest.approx(curve[0]["reward"])
     called = [r for r in rollouts if any(m["role"] == "tool" for m in r["completion"])]
@@ -285,7 +289,7 @@ def test_dynamic_recipe_masks_flat_groups(tiny, world_spec, tmp_path):
     seen = _spy_on_generation(trainer)
     trainer.train()
     assert int(seen[0]["num_items_in_batch"]) == 0 and int(seen[0]["completion_mask"].sum()) == 0
-    curve = [json.loads(line) for line in (spec.out / "curve.jsonl").read_text().splitlines()]
+    curve = _jsonl(spec.out / "curve.jsonl")
     assert curve[0]["dynamic/masked_group_frac"] == 1.0 and curve[0]["frac_reward_zero_std"] == 1.0
 
 
@@ -347,5 +351,5 @@ def test_bfloat16_training_keeps_the_head_and_lora_in_float32(tiny, world_spec, 
     after = dict(trainer.model.named_parameters())
     assert any(not torch.equal(after[n].detach(), p) for n, p in lora.items())  # it trained
     assert seen[0]["old_per_token_logps"].dtype == torch.float32
-    curve = [json.loads(line) for line in (spec.out / "curve.jsonl").read_text().splitlines()]
+    curve = _jsonl(spec.out / "curve.jsonl")
     assert curve[0]["reward"] == pytest.approx(0.5) and curve[0]["clip_ratio/region_mean"] == 0.0
