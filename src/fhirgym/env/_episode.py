@@ -245,17 +245,21 @@ class Episode:
         self._mcp.clear()
 
     def _release(self) -> None:
+        """Close what the episode holds; the fork is released even when the workspace's cleanup fails
+        (whose error then propagates: a leftover directory is worth knowing about)."""
         self._close_endpoints()
         if self._key is not None:
             with _LOCK:
                 _LIVE.pop(self._key, None)
             self._key = None
-        if self._workspace is not None:
-            self._workspace.close()
-            self._workspace = None
-        if self._fork is not None:
-            self._fork.close()
-            self._fork = None
+        workspace, self._workspace = self._workspace, None
+        try:
+            if workspace is not None:
+                workspace.close()
+        finally:
+            if self._fork is not None:
+                self._fork.close()
+                self._fork = None
 
 
 def solve_reference(episode: Episode) -> str:

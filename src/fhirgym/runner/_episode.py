@@ -51,13 +51,19 @@ def _act(agent, task: AgentTask, episode: Episode) -> tuple[AgentResult, str | N
                 traceback.format_exc(limit=8))
 
 
+#: Tool calls one episode may make, the FHIR functions its python code calls included: a bound on what a
+#: run holds in memory and logs, far above what any family's reference solution needs.
+DEFAULT_MAX_STEPS = 1_000
+
+
 def run_episode(key: EpisodeKey, inst: Instance, agent, config: Config | str = "baseline", *,
                 setting: str = "default", model: str | None = None, budget: int | None = None,
-                max_iterations: int = 15, unsafe_python: bool = False) -> tuple[dict, dict]:
+                max_iterations: int = 15, unsafe_python: bool = False,
+                max_steps: int | None = DEFAULT_MAX_STEPS) -> tuple[dict, dict]:
     """Run ``agent`` on ``inst`` in a fresh episode; returns (result line, transcript)."""
     t0 = time.perf_counter()
     fam = inst.family
-    with Episode(inst, config, budget=budget, unsafe_python=unsafe_python) as ep:
+    with Episode(inst, config, budget=budget, unsafe_python=unsafe_python, max_steps=max_steps) as ep:
         memory = ep.config.labels.get("memory") or None
         obs = ep.reset()
         task = AgentTask(obs.prompt, obs.now, ep.tools, max_iterations=max_iterations,
