@@ -350,11 +350,12 @@ def tasks_check(selector: str | None, seeds: str, no_mutations: bool, table: boo
     per_family, library_problems = figures(rows, fams)
     if table:
         click.echo(f"{'family':44} {'seeds':>5} {'none?':>5} {'negative':>8} {'constant':>8} {'top gold':>8} "
-                   f"{'distractor first':>16}")
+                   f"{'distractor first':>16} {'wrong codes':>11}")
         for f in per_family:
             bite = f"{f.first_hit}/{f.distracted}" if f.distracted else "-"
+            coded = f"{f.coded_rejected}/{f.coded_applied}" if f.coded_applied else "-"
             click.echo(f"{f.task_id:44} {f.seeds:5} {'yes' if f.none_allowed else '':>5} {f.negative:8} "
-                       f"{f.constant:8} {f.top_gold:8} {bite:>16}")
+                       f"{f.constant:8} {f.top_gold:8} {bite:>16} {coded:>11}")
     for problem in library_problems:
         click.echo(f"PROBLEM {problem}", err=True)
     click.echo(f"{len(fams)} families × {len(seed_list)} seeds = {n} instances")
@@ -365,11 +366,17 @@ def tasks_check(selector: str | None, seeds: str, no_mutations: bool, table: boo
     for name in MUTATIONS:
         got = [r.outcomes[name] for r in rows if name in r.outcomes]
         click.echo(f"  {name:20} {sum(got)}/{len(got)} rejected")
+        if name == "add_wrong_code":
+            click.echo(f"    (every coded element the gold checks, two codings each: "
+                       f"{sum(r.coded_rejected for r in rows)}/{sum(r.coded_applied for r in rows)} runs rejected)")
     click.echo(f"equivalent rewrites: {passed}/{equivalent} pass strict validation")
     for name in EQUIVALENTS:
         got = [r.outcomes[name] for r in rows if name in r.outcomes]
         click.echo(f"  {name:20} {sum(got)}/{len(got)} pass")
-    click.echo(f"constant 'nothing found': strict {constant}/{n} ({100 * constant / max(1, n):.2f} %)")
+    click.echo(f"constant 'nothing found' (no tool call): strict {constant}/{n} ({100 * constant / max(1, n):.2f} %)")
+    negative = sum(r.negative for r in rows)
+    click.echo(f"gold 'nothing found' (what that reply earns after one look): {negative}/{n} "
+               f"({100 * negative / max(1, n):.2f} %)")
     click.echo(f"problems:  {len(bad)} instances, {len(library_problems)} family figures")
     sys.exit(1 if bad or library_problems else 0)
 

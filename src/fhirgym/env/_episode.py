@@ -172,7 +172,7 @@ class Episode:
             raise EpisodeStateError("reset() the episode before submitting")
         if self._verdict is None:
             self._answer = answer
-            self._verdict = self._fork.finish(answer, self._gold)
+            self._verdict = self._fork.finish(answer, self._gold, self.calls)
             self._close_endpoints()
             if self.config.after:
                 self.config.after(self)
@@ -209,6 +209,8 @@ class Episode:
         """Whether the constant "nothing found" reply, with no tool call, passes this instance strictly.
 
         Computed on the frozen gold without running anything: the blind floor reports put beside a score.
+        A "nothing found" passes only after a look at the record, so it is False on every instance (the
+        report shows it beside the ``guess`` agent's floor, which looks once).
         """
         return self.instance.validate(answer_text(NOT_FOUND), [], self._gold).success
 

@@ -4,8 +4,10 @@ For every (family, seed) of the selection, up to ``trials`` runs with early stop
 each run the evaluator critiques it and the reflector writes one macro lesson and micro tips; they are
 de-identified against that instance and stored (near-duplicates merged). Trial 2 of a variation sees the
 lessons trial 1 produced (and what else the memory retrieves for it) in its system prompt. Every run and
-every skipped reflection is logged in ``MEMDIR/training.jsonl``; ``MEMDIR/training.json`` sums the cost
-(episodes, tokens, minutes). The store is frozen at the end.
+every skipped reflection is logged in ``MEMDIR/training.jsonl``, its critique and any quoted reply
+de-identified like the lessons (the directory is what a user shares or serves: it holds no value of a
+training instance); ``MEMDIR/training.json`` sums the cost (episodes, tokens, minutes). The store is
+frozen at the end.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ..env import Config
 from ..runner import EpisodeKey, run_episode
 from ..tasks import Instance, TaskWorld, make_instance, render, select
 from ..tools import FHIR_TOOLS
-from ._deid import deidentify, sensitive_values
+from ._deid import deidentify, deidentify_all, sensitive_values
 from ._reflect import Malformed, Usage, evaluate, prompts_digest, reflect, run_digest
 from ._serve import PROMPT_TOKENS, budgeted_block
 from ._store import Lesson, MemoryStore, MemoryStoreError
@@ -97,39 +99,44 @@ def train_memory(spec: TrainSpec, world: TaskWorld, *, actor=None, evaluator: Ch
     usage = Usage()
     started = time.perf_counter()
     episodes = actor_tokens = 0
+    if spec.paraphrase and paraphraser is None:
+        raise ValueError("training on paraphrases needs a paraphraser")
+    variations = []
     for fam in fams:
         for seed in spec.seeds:
             inst = make_instance(fam.id, seed, world)
-            if spec.paraphrase:
-                if paraphraser is None:
-                    raise ValueError("training on paraphrases needs a paraphraser")
-                inst = paraphraser(inst, spec.paraphrase)
-            secrets = sensitive_values(inst.params, render(inst.gold.answer) if inst.gold.answer is not None else None,
-                                       inst.setup)
-            mine: list[Lesson] = []
-            for trial in range(1, spec.trials + 1):
-                if (fam.id, seed, trial) in done:  # resumed: this run is logged (its lessons are stored)
-                    if done[(fam.id, seed, trial)] == "pass":
-                        break
-                    continue
-                config = Config("memory-train", FHIR_TOOLS, "training actor",
-                                prepare=(lambda i, m=list(mine): _own_block(m, store, i)) if mine else None)
-                key = EpisodeKey("memory-train", fam.id, seed, inst.paraphrase, trial)
-                line, transcript = run_episode(key, inst, actor, config, setting="train", model=spec.model,
-                                               budget=budget, max_iterations=spec.max_iterations)
-                episodes += 1
-                actor_tokens += line["tokens"]["prompt"] + line["tokens"]["completion"]
-                record = {"family": fam.id, "seed": seed, "trial": trial, "outcome": line["status"],
-                          "tokens": line["tokens"], "saw_lessons": bool(mine),
-                          "time": datetime.now(UTC).isoformat(timespec="seconds")}
-                if line["status"] != "error":
-                    record.update(_reflect_one(store, transcript, record, models, secrets, evaluator, reflector,
-                                               usage, spec.with_specs, fam.category, mine))
-                _log(spec.out, record)
-                if progress:
-                    progress(record)
-                if line["status"] == "pass":
+            variations.append((fam, seed, paraphraser(inst, spec.paraphrase) if spec.paraphrase else inst))
+    # every training instance's values, for every text stored: a critique of one run may quote another's
+    secrets: dict[str, str] = {}
+    for _, _, inst in variations:
+        answer = render(inst.gold.answer) if inst.gold.answer is not None else None
+        for value, kind in sensitive_values(inst.params, answer, inst.setup).items():
+            secrets.setdefault(value, kind)
+    for fam, seed, inst in variations:
+        mine: list[Lesson] = []
+        for trial in range(1, spec.trials + 1):
+            if (fam.id, seed, trial) in done:  # resumed: this run is logged (its lessons are stored)
+                if done[(fam.id, seed, trial)] == "pass":
                     break
+                continue
+            config = Config("memory-train", FHIR_TOOLS, "training actor",
+                            prepare=(lambda i, m=list(mine): _own_block(m, store, i)) if mine else None)
+            key = EpisodeKey("memory-train", fam.id, seed, inst.paraphrase, trial)
+            line, transcript = run_episode(key, inst, actor, config, setting="train", model=spec.model,
+                                           budget=budget, max_iterations=spec.max_iterations)
+            episodes += 1
+            actor_tokens += line["tokens"]["prompt"] + line["tokens"]["completion"]
+            record = {"family": fam.id, "seed": seed, "trial": trial, "outcome": line["status"],
+                      "tokens": line["tokens"], "saw_lessons": bool(mine),
+                      "time": datetime.now(UTC).isoformat(timespec="seconds")}
+            if line["status"] != "error":
+                record.update(_reflect_one(store, transcript, record, models, secrets, evaluator, reflector,
+                                           usage, spec.with_specs, fam.category, mine))
+            _log(spec.out, record)
+            if progress:
+                progress(record)
+            if line["status"] == "pass":
+                break
     prior = _summary(spec.out)
     summary = {"inputs": spec.inputs(), "episodes": prior.get("episodes", 0) + episodes,
                "actor_tokens": prior.get("actor_tokens", 0) + actor_tokens,
@@ -144,15 +151,16 @@ def train_memory(spec: TrainSpec, world: TaskWorld, *, actor=None, evaluator: Ch
 def _reflect_one(store: MemoryStore, transcript: dict, record: dict, models: dict, secrets: dict[str, str],
                  evaluator: ChatBackend, reflector: ChatBackend, usage: Usage, with_specs: bool, category: str,
                  mine: list[Lesson]) -> dict:
+    """Critique and reflect on one run; what it returns joins the training log, de-identified."""
     digest = run_digest(transcript)
     try:
         critique = evaluate(evaluator, digest, usage)
     except Malformed as exc:
-        return {"skipped": {"stage": "evaluator", "reason": str(exc)}}
+        return {"skipped": {"stage": "evaluator", "reason": deidentify(str(exc), secrets)}}
     try:
         lessons = reflect(reflector, digest, critique, usage, with_specs)
     except Malformed as exc:
-        return {"critique": critique, "skipped": {"stage": "reflector", "reason": str(exc)}}
+        return deidentify_all({"critique": critique, "skipped": {"stage": "reflector", "reason": str(exc)}}, secrets)
     provenance = {k: record[k] for k in ("family", "seed", "trial", "outcome", "time")} | {"models": models}
     made = [Lesson("macro", deidentify(lessons["macro"], secrets), category=category, provenance=[provenance])]
     made += [Lesson("micro", deidentify(t["tip"], secrets), t["resource_type"], t["operation"], category=category,
@@ -162,7 +170,7 @@ def _reflect_one(store: MemoryStore, transcript: dict, record: dict, models: dic
         stored, was_merged = store.add(lesson)
         merged += was_merged
         mine.append(stored)
-    return {"critique": critique, "lessons": len(made), "merged": merged,
+    return {"critique": deidentify_all(critique, secrets), "lessons": len(made), "merged": merged,
             "spec_calls": len(lessons.get("consulted", []))}
 
 

@@ -12,7 +12,7 @@ import time
 import traceback
 from dataclasses import dataclass
 
-from ..agents import INFRASTRUCTURE_ERRORS, AgentResult, AgentTask, ReferenceAgent
+from ..agents import INFRASTRUCTURE_ERRORS, AgentResult, AgentTask, GuessAgent, ReferenceAgent
 from ..env import Config, Episode, solve_reference
 from ..tasks import Instance, failure_modes_of, paraphrase_source, proximity, render
 from ..tasks.qa import QaFamily, qa_fields
@@ -51,6 +51,22 @@ def _act(agent, task: AgentTask, episode: Episode) -> tuple[AgentResult, str | N
                 traceback.format_exc(limit=8))
 
 
+_GUESSED: dict[tuple, bool] = {}
+
+
+def guess_floor(inst: Instance) -> bool:
+    """Whether the ``guess`` agent (one search of the type the request names, its first hit as the answer)
+    passes this instance strictly: the floor that looks once, beside the blind one (a "nothing found"
+    without a look passes nothing). Computed once per instance and process."""
+    key = (str(inst.world.path), inst.task_id, inst.seed, inst.paraphrase, inst.prompt_id)
+    if key not in _GUESSED:
+        with Episode(inst, "baseline") as ep:
+            obs = ep.reset()
+            result = GuessAgent().run(AgentTask(obs.prompt, obs.now, ep.tools))
+            _GUESSED[key] = ep.submit(result.final_answer).success
+    return _GUESSED[key]
+
+
 #: Tool calls one episode may make, the FHIR functions its python code calls included: a bound on what a
 #: run holds in memory and logs, far above what any family's reference solution needs.
 DEFAULT_MAX_STEPS = 1_000
@@ -87,7 +103,7 @@ def run_episode(key: EpisodeKey, inst: Instance, agent, config: Config | str = "
         "model": model, "status": status,
         "success": None if status == "error" else verdict.success and not result.crash,
         "light_success": None if status == "error" or not inst.writes else verdict.light_success,
-        "floor_nothing_found": floor,
+        "floor_nothing_found": floor, "floor_guess": guess_floor(inst),
         "reasons": reasons, "failure_modes": modes,
         "proximity": proximity(names, inst.sequences), "expected_min_calls": inst.expected_min_calls,
         "tool_calls": [c.to_json() for c in calls],

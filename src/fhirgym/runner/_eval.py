@@ -290,12 +290,14 @@ def summary(results: list[dict]) -> str:
         tokens = sum(r["tokens"]["prompt"] + r["tokens"]["completion"] for r in group) / max(1, len(group))
         errors = len(group) - len(scored)
         rate = f"{100 * ok / len(scored):5.1f}" if scored else "    -"
-        floors = [r["floor_nothing_found"] for r in scored if r.get("floor_nothing_found") is not None]
-        floor = f"{100 * sum(floors) / len(floors):5.1f}" if floors else "    -"
-        return f"{label:28} {len(group):5} {rate} % {light} % {errors:6} {floor} % {tokens:9.0f}"
+        floors = []
+        for name in ("floor_nothing_found", "floor_guess"):
+            known = [r[name] for r in scored if r.get(name) is not None]
+            floors.append(f"{100 * sum(known) / len(known):5.1f} %" if known else "    - %")
+        return f"{label:28} {len(group):5} {rate} % {light} % {errors:6} {floors[0]} {floors[1]} {tokens:9.0f}"
 
-    head = (f"{'':28} {'n':>5} {'strict':>7} {'light':>7} {'errors':>6} {'floor':>7} {'tokens/ep':>9}"
-            "   (floor: the constant nothing-found reply on the same instances)")
+    head = (f"{'':28} {'n':>5} {'strict':>7} {'light':>7} {'errors':>6} {'floor':>7} {'guess':>7} {'tokens/ep':>9}"
+            "   (floors on the same instances: the constant nothing-found reply, the one-search guess)")
     lines = [head, "-" * len(head)]
     for cat in sorted({r["category"] for r in results}):
         lines.append(row(cat, [r for r in results if r["category"] == cat]))
