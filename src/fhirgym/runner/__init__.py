@@ -5,7 +5,7 @@
 """
 
 from ._episode import EpisodeKey, run_episode
-from ._eval import EvalError, EvalSpec, instance_seed, plan, progress_line, run_eval, summary
+from ._eval import EvalError, EvalSpec, instance_for, instance_seed, plan, progress_line, run_eval, summary
 from ._judge import Agreement, JudgeVerdict, LlmJudge, agreement, gold_text
 from ._results import RESULTS, append_result, read_results
 
@@ -20,6 +20,7 @@ __all__ = [
     "agreement",
     "append_result",
     "gold_text",
+    "instance_for",
     "instance_seed",
     "plan",
     "progress_line",
