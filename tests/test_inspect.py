@@ -29,6 +29,8 @@ from fhirgym.inspect._solvers import GUIDANCE
 from fhirgym.runner import EvalSpec, run_eval
 from fhirgym.tasks import TaskWorld, make_instance, parse_seeds
 
+#: inspect-ai 0.3.285's own retry setup warns on every model it builds (tenacity's renamed argument)
+pytestmark = pytest.mark.filterwarnings("ignore:The 'initial' parameter is deprecated:DeprecationWarning")
 USAGE = ModelUsage(input_tokens=1, output_tokens=1, total_tokens=2)
 
 

@@ -29,6 +29,8 @@ import fhirgym
 from fhirgym.inspect import BwrapConfig, BwrapSandboxEnvironment
 from fhirgym.tools import SandboxLimits, sandbox_probe
 
+#: inspect-ai 0.3.285's own retry setup warns on every model it builds (tenacity's renamed argument)
+pytestmark = pytest.mark.filterwarnings("ignore:The 'initial' parameter is deprecated:DeprecationWarning")
 USAGE = ModelUsage(input_tokens=1, output_tokens=1, total_tokens=2)
 #: The escape suite's limits (tests/test_sandbox.py's), CPU time shortest.
 TIGHT = BwrapConfig(cpu_s=1, wall_s=10, memory_bytes=512 << 20, file_bytes=1 << 20, tmp_bytes=4 << 20,
