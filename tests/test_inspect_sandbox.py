@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
-import threading
 from pathlib import Path
 
 import pytest
@@ -99,33 +97,6 @@ def test_exec_and_files_behave_as_inspect_expects(tmp_path: Path):
             await BwrapSandboxEnvironment.sample_cleanup("t", TIGHT, {"default": env}, False)
 
     anyio.run(run)
-
-
-@pytest.fixture()
-def tcp_server():
-    """A loopback server that counts the connections it accepts (it must get none)."""
-    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
-    srv.settimeout(0.1)
-    accepted: list[object] = []
-    stop = threading.Event()
-
-    def serve():
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-                accepted.append(conn)
-                conn.close()
-            except OSError:
-                continue
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    yield srv.getsockname()[1], accepted
-    stop.set()
-    t.join(2)
-    srv.close()
 
 
 def _script(steps: list[tuple[str, str, dict]]):

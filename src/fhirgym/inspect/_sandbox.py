@@ -23,15 +23,15 @@ from __future__ import annotations
 import base64
 import dataclasses
 import errno
-import logging
 import os
 import posixpath
 import shutil
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import Any, Literal, TypeVar, overload
 
 import anyio
 from inspect_ai.util import (
@@ -48,7 +48,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..tools import Sandbox, SandboxLimits, SandboxResult, SandboxUnavailable, sandbox_probe
 
-logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 NAME = "fhirgym-bwrap"
 WORKSPACE = "/workspace"
@@ -296,18 +296,9 @@ class BwrapSandboxEnvironment(SandboxEnvironment):
 
     def _write(self, path: str, data: bytes) -> None:
         sb = self.sandbox
-        rel = _in_workspace(path)
-        if path == WORKSPACE:
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
-        if rel is not None:
-            try:  # from the host, never through a symlink the code planted
-                sb.write_file(rel, data)
-                return
-            except OSError as exc:
-                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
-                    raise _as_inside(exc, path) from None
-        r = self._run(sb, _FILE, {"op": "write", "path": path, "data": base64.b64encode(data).decode()})
-        _raise_for(r, path)
+        if self._on_host(path, lambda name: sb.write_file(name, data)) is None:
+            r = self._run(sb, _FILE, {"op": "write", "path": path, "data": base64.b64encode(data).decode()})
+            _raise_for(r, path)
 
     @overload
     async def read_file(self, file: str, text: Literal[True] = True) -> str: ...
@@ -321,19 +312,11 @@ class BwrapSandboxEnvironment(SandboxEnvironment):
 
     def _read(self, path: str, limit: int) -> bytes:
         sb = self.sandbox
-        rel = _in_workspace(path)
-        if path == WORKSPACE:
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
-        if rel is not None:
-            try:
-                data = sb.read_file(rel, max_bytes=limit + 1)
-            except OSError as exc:
-                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
-                    raise _as_inside(exc, path) from None
-            else:
-                if len(data) > limit:
-                    raise OutputLimitExceededError(SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, None)
-                return data
+        data = self._on_host(path, lambda name: sb.read_file(name, max_bytes=limit + 1))
+        if data is not None:
+            if len(data) > limit:
+                raise OutputLimitExceededError(SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, None)
+            return data
         # outside the workspace: read inside, within what one call may return (the sandbox's output cap)
         cap = min(limit, sb.limits.output_bytes * 3 // 4 - 1024)
         r = self._run(sb, _FILE, {"op": "read", "path": path, "limit": cap})
@@ -343,15 +326,26 @@ class BwrapSandboxEnvironment(SandboxEnvironment):
                                            None)
         return base64.b64decode(answer["data"])
 
+    @staticmethod
+    def _on_host(path: str, op: Callable[[str], T]) -> T | None:
+        """``op(name)`` on a workspace file from the host, never through a symlink the code planted; None
+        where the sandbox must do it itself (a path outside the workspace, or behind a symlink)."""
+        if path == WORKSPACE:
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        name = _in_workspace(path)
+        if name is None:
+            return None
+        try:
+            return op(name)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                return None
+            raise OSError(exc.errno, exc.strerror, path) from None  # named by its inside path
+
 
 def _why(sig: int) -> str:
     return {signal.SIGXCPU: " (CPU time limit)", signal.SIGKILL: " (a limit, or the CPU hard limit)",
             signal.SIGXFSZ: " (file size limit)"}.get(signal.Signals(sig), "")
-
-
-def _as_inside(exc: OSError, path: str) -> OSError:
-    """The host's error on a workspace file, named by its inside path (the host path means nothing there)."""
-    return OSError(exc.errno, exc.strerror, path)
 
 
 def _raise_for(r: SandboxResult, path: str) -> dict:
