@@ -8,7 +8,6 @@ Each escape prints ``ESCAPE (inspect) | what | stopped by | seconds`` (``pytest 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
@@ -30,9 +29,10 @@ from fhirgym.tools import SandboxLimits, sandbox_probe
 #: inspect-ai 0.3.285's own retry setup warns on every model it builds (tenacity's renamed argument)
 pytestmark = pytest.mark.filterwarnings("ignore:The 'initial' parameter is deprecated:DeprecationWarning")
 USAGE = ModelUsage(input_tokens=1, output_tokens=1, total_tokens=2)
-#: The escape suite's limits (tests/test_sandbox.py's), CPU time shortest.
-TIGHT = BwrapConfig(cpu_s=1, wall_s=10, memory_bytes=512 << 20, file_bytes=1 << 20, tmp_bytes=4 << 20,
-                    output_bytes=64 << 10, pids=16)
+#: The escape suite's limits (tests/test_sandbox.py's), CPU time shortest; room in /tmp and per file for the
+#: shell's commands (bash is 1.3 MB)
+TIGHT = BwrapConfig(limits=SandboxLimits(cpu_s=1, wall_s=10, memory_bytes=512 << 20, file_bytes=2 << 20,
+                                         tmp_bytes=16 << 20, output_bytes=64 << 10, pids=16))
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -47,10 +47,11 @@ def _sandbox_required():
 
 
 def test_the_default_limits_are_the_python_tools():
-    assert BwrapConfig().limits() == SandboxLimits()
-    assert {f.name for f in dataclasses.fields(SandboxLimits)} <= set(BwrapConfig.model_fields)
-    with pytest.raises(ValueError, match="extra"):
-        BwrapConfig(cpu_seconds=3)
+    assert BwrapConfig().limits == SandboxLimits()
+    assert BwrapConfig(**TIGHT.model_dump()) == TIGHT  # what inspect's log records, read back
+    for bad, message in (({"limits": {"cpu_seconds": 3}}, "cpu_seconds"), ({"nope": 1}, "Extra inputs")):
+        with pytest.raises(ValueError, match=message):
+            BwrapConfig(**bad)
 
 
 def test_exec_and_files_behave_as_inspect_expects(tmp_path: Path):
@@ -178,20 +179,20 @@ def test_escape_suite_through_inspects_own_tools(tcp_server, small_world_path, t
     assert "PermissionError: [Errno 1] Operation not permitted" in text, text
     text = escape("net-bash", "TCP through bash's /dev/tcp (bash)", "seccomp: EPERM on socket")
     assert "Operation not permitted" in text and accepted == [], text
-    text = escape("fork-bomb", "fork bomb (python)", f"pids cgroup (pids.max={TIGHT.pids})")
+    text = escape("fork-bomb", "fork bomb (python)", f"pids cgroup (pids.max={TIGHT.limits.pids})")
     assert "BlockingIOError" in text, text
-    text = escape("memory", "10 GB allocation (python)", f"RLIMIT_AS ({TIGHT.memory_bytes >> 20} MiB): MemoryError")
+    text = escape("memory", "10 GB allocation (python)", f"RLIMIT_AS ({TIGHT.limits.memory_bytes >> 20} MiB): MemoryError")
     assert "MemoryError" in text, text
-    text = escape("cpu", "infinite loop (python)", f"RLIMIT_CPU ({TIGHT.cpu_s} s): SIGXCPU")
+    text = escape("cpu", "infinite loop (python)", f"RLIMIT_CPU ({TIGHT.limits.cpu_s} s): SIGXCPU")
     assert "CPU time limit" in text, text
     text = escape("sleep", "sleep forever (bash, timeout=3)", "the call's timeout: TimeoutError, processes killed")
     assert out["sleep"].error is not None and out["sleep"].error.type == "timeout", text
     text = escape("left-behind", "a background process left running (bash)", "killed with the call's process group")
     assert "started" in text and _host_processes("3601") == []
-    text = escape("flood", "100 MB of output (bash)", f"output cap ({TIGHT.output_bytes >> 10} KiB): limit error")
+    text = escape("flood", "100 MB of output (bash)", f"output cap ({TIGHT.limits.output_bytes >> 10} KiB): limit error")
     assert out["flood"].error is not None and out["flood"].error.type == "limit", text
-    text = escape("disk", "fill the disk (bash)", f"RLIMIT_FSIZE ({TIGHT.file_bytes >> 20} MiB)")
-    assert "File size limit exceeded" in text and f"{TIGHT.file_bytes} " in text, text
+    text = escape("disk", "fill the disk (bash)", f"RLIMIT_FSIZE ({TIGHT.limits.file_bytes >> 20} MiB)")
+    assert "File size limit exceeded" in text and f"{TIGHT.limits.file_bytes} " in text, text
     assert escape("alive", "the next call", "works") == "alive\n65534\n"
     assert _host_processes("3600") == []
 
@@ -209,19 +210,19 @@ def test_a_codeact_sample_shares_the_episodes_sandbox(small_world_path, tmp_path
     assert log.eval.sandbox.type == "fhirgym-bwrap"
     [sample] = log.samples
     out = {m.tool_call_id: m.text for m in sample.messages if m.role == "tool"}
-    assert out["write"].split() == [".bin", "notes.txt"]
+    assert out["write"].split() == ["notes.txt"]
     assert '"stdout":"shared\\n\\n"' in out["read"]  # our python tool's JSON result
 
 
 def test_unknown_config_files_fail_clearly(tmp_path: Path):
     bad = tmp_path / "bwrap.yaml"
-    bad.write_text("cpu_s: 2\nnope: 1\n")
+    bad.write_text("limits: {cpu_s: 2}\nnope: 1\n")
     good = tmp_path / "ok.yaml"
-    good.write_text("cpu_s: 2\nwall_s: 5\n")
+    good.write_text("limits: {cpu_s: 2, wall_s: 5}\ncommands: [bash, ls]\n")
 
     async def run():
         [env] = (await BwrapSandboxEnvironment.sample_init("t", str(good), {})).values()
-        assert env.config.limits().cpu_s == 2 and env.config.limits().wall_s == 5
+        assert (env.config.limits.cpu_s, env.config.limits.wall_s, env.config.commands) == (2, 5, ("bash", "ls"))
         with pytest.raises(ValueError, match="nope"):
             await BwrapSandboxEnvironment.sample_init("t", str(bad), {})
         with pytest.raises(ValueError, match="No such file or directory"):

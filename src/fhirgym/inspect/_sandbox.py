@@ -6,13 +6,14 @@ inspect's tools send argv lists (``bash()``: ``bash --login -c CMD``; ``python()
 and everything it forks live under every layer of the ``python`` tool (namespaces, seccomp, cgroups,
 rlimits, the host's wall clock and output cap; docs/SANDBOX.md), with its limits (``SandboxLimits``).
 
-The sandbox mounts the system libraries and the interpreter, never ``/usr/bin``: on the first ``exec``
-the commands a shell needs (bash, coreutils, grep, sed, ...; :data:`DEFAULT_COMMANDS`) are copied from
-the host into ``/workspace/.bin`` — copies, never links, since the code may overwrite them (in its own
-workspace, where it could always write and run a binary of its own) — and ``python3`` is the sandbox's
-interpreter, with the standard library only. A CodeAct sample's environment is its episode's own
-sandbox (:meth:`BwrapSandboxEnvironment.attach`): inspect's tools and fhirgym's ``python`` tool then
-share one workspace and one set of limits.
+The sandbox mounts the system libraries and the interpreter, never ``/usr/bin``, and a root host's
+workspace is ``noexec``. So the commands a shell needs (bash, coreutils, grep, sed, ...;
+:data:`DEFAULT_COMMANDS`) are sent in, once per sandbox (again if it restarted), as copies of the
+host's binaries written to :data:`BIN` in the sandbox's private ``/tmp``, with ``python3`` linked to the
+sandbox's interpreter (standard library only). The code may overwrite them: they are its own sandbox's
+files, and it could always write and run a binary there. A CodeAct sample's environment is its
+episode's own sandbox (:meth:`BwrapSandboxEnvironment.attach`): inspect's tools and fhirgym's ``python``
+tool then share one workspace and one set of limits.
 
 Written here, not taken from a provider package: inspect's published providers (docker, k8s, podman,
 cloud VMs) all need a daemon or a service this sandbox exists to do without.
@@ -21,13 +22,12 @@ cloud VMs) all need a daemon or a service this sandbox exists to do without.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import errno
+import functools
 import os
 import posixpath
 import shutil
 import signal
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -52,10 +52,11 @@ T = TypeVar("T")
 
 NAME = "fhirgym-bwrap"
 WORKSPACE = "/workspace"
-BIN = f"{WORKSPACE}/.bin"
+#: Where the commands are inside: the sandbox's own ``/tmp`` (the workspace may be ``noexec``).
+BIN = "/tmp/.fhirgym-bin"
 #: Who commands run as inside (the sandbox's only user); ``user=`` may name it, nobody else.
 USERS = ("65534", "nobody")
-#: Host commands copied into ``/workspace/.bin`` (those missing on the host are left out).
+#: Host commands sent into the sandbox (those missing on the host are left out): about 5 MB.
 DEFAULT_COMMANDS = (
     "bash", "sh", "cat", "ls", "head", "tail", "wc", "grep", "sed", "awk", "sort", "uniq", "cut",
     "tr", "paste", "comm", "join", "mkdir", "rmdir", "rm", "cp", "mv", "ln", "touch", "chmod", "find",
@@ -63,26 +64,43 @@ DEFAULT_COMMANDS = (
     "whoami", "uname", "seq", "sleep", "timeout", "stat", "du", "df", "printf", "echo", "test",
     "true", "false", "pwd", "md5sum", "sha256sum", "base64", "od", "nl", "fold", "expr", "yes", "nproc",
 )
-_LIMITS = SandboxLimits()
 
-#: Runs inside the sandbox for one ``exec``; its inputs are the variables below (JSON values).
+#: Runs inside the sandbox for one ``exec``; its inputs are the variables it names (JSON values).
 _EXEC = r"""
-import base64, os, signal, subprocess
-try:
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True)
-except OSError as exc:
-    answer = {"spawn_error": exc.errno, "message": f"{exc.filename or argv[0]}: {exc.strerror}"}
+import base64, os, signal, subprocess, sys
+if not os.path.exists(bin_dir + "/.ready"):
+    answer = {"install": True}  # a new sandbox (or a restarted one): the host sends the commands first
 else:
+    env = {"PATH": bin_dir + ":" + os.path.dirname(sys.executable), "HOME": "/workspace", "LANG": "C.UTF-8",
+           "TMPDIR": "/tmp", **env}
     try:
-        proc.communicate(base64.b64decode(stdin) if stdin is not None else None, timeout=timeout)
-        answer = {"rc": proc.returncode}
-    except subprocess.TimeoutExpired:
-        answer = {"timeout": True}
-    finally:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True)
+    except OSError as exc:
+        answer = {"spawn_error": exc.errno, "message": f"{exc.filename or argv[0]}: {exc.strerror}"}
+    else:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)  # what the command left running
-        except OSError:
-            pass
+            proc.communicate(base64.b64decode(stdin) if stdin is not None else None, timeout=timeout)
+            answer = {"rc": proc.returncode}
+        except subprocess.TimeoutExpired:
+            answer = {"timeout": True}
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # what the command left running
+            except OSError:
+                pass
+"""
+#: Writes the commands (base64 of each binary) into ``bin_dir``, links python3 to this interpreter.
+_INSTALL = r"""
+import base64, os, sys
+os.makedirs(bin_dir, exist_ok=True)
+for name, data in files.items():
+    with open(os.path.join(bin_dir, name), "wb") as f:
+        f.write(base64.b64decode(data))
+    os.chmod(os.path.join(bin_dir, name), 0o755)
+for name in ("python3", "python"):
+    if not os.path.lexists(os.path.join(bin_dir, name)):
+        os.symlink(sys.executable, os.path.join(bin_dir, name))
+open(os.path.join(bin_dir, ".ready"), "w").close()
 """
 #: File transfer for paths outside the workspace (``/tmp``) or behind a symlink, as the sandbox sees them.
 _FILE = r"""
@@ -105,28 +123,28 @@ except OSError as exc:
 
 
 class BwrapConfig(BaseModel):
-    """The sandbox of each sample: ``SandboxLimits`` fields (their defaults are the ``python`` tool's),
-    ``unsafe`` (run with the layers that work where one is missing, like ``--unsafe-python``) and the
-    host ``commands`` copied into ``/workspace/.bin``. Pass it as
-    ``SandboxEnvironmentSpec("fhirgym-bwrap", BwrapConfig(cpu_s=5))`` or as a YAML/JSON file of these
-    fields: ``("fhirgym-bwrap", "bwrap.yaml")``."""
+    """The sandbox of each sample: its ``limits`` (default: the ``python`` tool's), ``unsafe`` (run with the
+    layers that work where one is missing, like ``--unsafe-python``) and the host ``commands`` it gets.
+    Pass it as ``SandboxEnvironmentSpec("fhirgym-bwrap", BwrapConfig(limits=SandboxLimits(cpu_s=5)))``, or
+    as a YAML/JSON file of these fields (``limits:`` a mapping of ``SandboxLimits`` fields):
+    ``("fhirgym-bwrap", "bwrap.yaml")``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    cpu_s: int = _LIMITS.cpu_s
-    wall_s: float = _LIMITS.wall_s
-    memory_bytes: int = _LIMITS.memory_bytes
-    address_space_bytes: int | None = _LIMITS.address_space_bytes
-    file_bytes: int = _LIMITS.file_bytes
-    tmp_bytes: int = _LIMITS.tmp_bytes
-    output_bytes: int = _LIMITS.output_bytes
-    pids: int = _LIMITS.pids
-    open_files: int = _LIMITS.open_files
+    limits: SandboxLimits = SandboxLimits()
     unsafe: bool = False
     commands: tuple[str, ...] = DEFAULT_COMMANDS
 
-    def limits(self) -> SandboxLimits:
-        return SandboxLimits(**{f.name: getattr(self, f.name) for f in dataclasses.fields(SandboxLimits)})
+
+@functools.cache
+def _binaries(commands: tuple[str, ...]) -> dict[str, str]:
+    """The host's binaries of ``commands`` (base64, resolved through symlinks: ``awk`` is mawk's file)."""
+    out = {}
+    for name in commands:
+        found = shutil.which(name)
+        if found is not None:
+            out[name] = base64.b64encode(Path(os.path.realpath(found)).read_bytes()).decode()
+    return out
 
 
 def _config(config: SandboxEnvironmentConfigType | None) -> BwrapConfig:
@@ -172,7 +190,6 @@ class BwrapSandboxEnvironment(SandboxEnvironment):
         self.config = config
         self._sandbox: Sandbox | None = None
         self._owned = True
-        self._installed = False
         self._lock = threading.Lock()
 
     # -- lifecycle --------------------------------------------------------------------------------------
@@ -213,7 +230,7 @@ class BwrapSandboxEnvironment(SandboxEnvironment):
     def sandbox(self) -> Sandbox:
         with self._lock:
             if self._sandbox is None:
-                self._sandbox = Sandbox(limits=self.config.limits(), unsafe=self.config.unsafe)
+                self._sandbox = Sandbox(limits=self.config.limits, unsafe=self.config.unsafe)
             return self._sandbox
 
     def close(self) -> None:
@@ -235,16 +252,15 @@ class BwrapSandboxEnvironment(SandboxEnvironment):
     def _exec(self, cmd: list[str], stdin: str | bytes | None, cwd: str | None, env: dict[str, str] | None,
               timeout: int | None) -> ExecResult[str]:
         sb = self.sandbox
-        self._install(sb)
         data = stdin.encode() if isinstance(stdin, str) else stdin
-        interpreter_dir = os.path.dirname(os.path.realpath(sys.executable))
-        environment = {"PATH": f"{BIN}:{interpreter_dir}", "HOME": WORKSPACE, "LANG": "C.UTF-8", "TMPDIR": "/tmp",
-                       **(env or {})}
         wall = sb.limits.wall_s
         inputs = {"argv": cmd, "stdin": base64.b64encode(data).decode() if data is not None else None,
-                  "cwd": _inside(cwd), "env": environment,
+                  "cwd": _inside(cwd), "env": dict(env or {}), "bin_dir": BIN,
                   "timeout": timeout if timeout is not None and timeout < wall else None}
         r = self._run(sb, _EXEC, inputs)
+        if isinstance(r.answer, dict) and r.answer.get("install"):
+            self._install(sb)
+            r = self._run(sb, _EXEC, inputs)
         answer = r.answer if isinstance(r.answer, dict) else {}
         if r.limit == "wall" or answer.get("timeout"):
             raise TimeoutError(f"command timed out after {min(timeout or wall, wall)} s")
@@ -271,23 +287,14 @@ class BwrapSandboxEnvironment(SandboxEnvironment):
             raise SandboxUnavailableError(str(exc)) from exc
 
     def _install(self, sb: Sandbox) -> None:
-        """Copy the configured host commands into ``/workspace/.bin`` (once per sandbox)."""
-        with self._lock:
-            if self._installed:
-                return
-            target = sb.workspace / ".bin"
-            target.mkdir(mode=0o700, exist_ok=True)
-            for name in self.config.commands:
-                found = shutil.which(name)
-                if found is None or (target / name).exists():
-                    continue
-                shutil.copyfile(os.path.realpath(found), target / name)
-                os.chmod(target / name, 0o755)
-            for name in ("python3", "python"):
-                link = target / name
-                if not link.exists():
-                    link.symlink_to(os.path.realpath(sys.executable))
-            self._installed = True
+        """Send the configured commands into the sandbox's ``/tmp``."""
+        files = _binaries(tuple(self.config.commands))
+        r = self._run(sb, _INSTALL, {"bin_dir": BIN, "files": files})
+        if not r.ok:
+            size = sum(len(v) * 3 // 4 for v in files.values())
+            raise SandboxUnavailableError(
+                f"{NAME}: could not put the shell's commands ({size >> 20} MiB) into the sandbox's /tmp "
+                f"(tmp_bytes {sb.limits.tmp_bytes >> 20} MiB): {_last_line(r.error)}")
 
     # -- files ------------------------------------------------------------------------------------------
     async def write_file(self, file: str, contents: str | bytes) -> None:
@@ -341,6 +348,11 @@ class BwrapSandboxEnvironment(SandboxEnvironment):
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 return None
             raise OSError(exc.errno, exc.strerror, path) from None  # named by its inside path
+
+
+def _last_line(text: str | None) -> str:
+    lines = (text or "no result").strip().splitlines()
+    return lines[-1] if lines else "no result"
 
 
 def _why(sig: int) -> str:
