@@ -29,6 +29,7 @@ from inspect_ai.util import store
 
 from ..env import Config, Episode, Observation, get_config
 from ..fhir import json_default_str
+from ..runner import DEFAULT_MAX_STEPS
 from ..tasks import Instance, Verdict, failure_modes_of, proximity
 from ..tasks.qa import QaFamily, qa_fields
 from ..tools import FINISH, ToolCall
@@ -49,7 +50,9 @@ class EpisodeHandle:
     def __init__(self, key: str, instance: Instance, config: Config | str, *, budget: int | None = None,
                  unsafe_python: bool = False) -> None:
         self.key = key
-        self.episode = Episode(instance, config, budget=budget, unsafe_python=unsafe_python)
+        # the runner's bound on tool calls (the python code's FHIR functions included)
+        self.episode = Episode(instance, config, budget=budget, unsafe_python=unsafe_python,
+                               max_steps=DEFAULT_MAX_STEPS)
         self.submit_name = submit_name(config)
         self.observation: Observation | None = None
         self.crash: str | None = None  # a fhirgym agent's own exception (the sample fails with it)
