@@ -29,9 +29,8 @@ from inspect_ai.util import store
 
 from ..env import Config, Episode, Observation, get_config
 from ..fhir import json_default_str
-from ..runner import DEFAULT_MAX_STEPS
-from ..tasks import Instance, Verdict, failure_modes_of, proximity
-from ..tasks.qa import QaFamily, qa_fields
+from ..runner import DEFAULT_MAX_STEPS, verdict_fields
+from ..tasks import Instance, Verdict
 from ..tools import FINISH, ToolCall
 
 #: The sample store's key for the uuid of the sample's episode (recorded in the log: it is only a key).
@@ -98,24 +97,11 @@ class EpisodeHandle:
         return self._tools
 
     def describe(self, verdict: Verdict, answer: str | None) -> dict:
-        """The scorer's metadata: the verdict's parts as ``fhirgym eval``'s result line names them."""
-        inst, ep = self.instance, self.episode
-        calls = ep.calls
-        success = verdict.success and self.crash is None
-        reasons = list(verdict.reasons)
-        if self.crash:
-            reasons.insert(0, f"agent crashed: {self.crash}")
-        out = {
-            "success": success, "light_success": verdict.light_success if inst.writes else None,
-            "floor_nothing_found": ep.floor(), "reasons": reasons,
-            "failure_modes": [] if success else failure_modes_of(inst, calls, bool(verdict.collateral)),
-            "proximity": proximity([c.name for c in calls], inst.sequences),
-            "expected_min_calls": inst.expected_min_calls, "tool_calls": len(calls),
-            "final_answer": answer, "config": ep.config.name, "verdict": verdict.to_json(),
-        }
-        if isinstance(inst.family, QaFamily):  # the QA track: shape, gold types, retrieval P/R
-            out["qa"] = qa_fields(inst.family.question, [c.output for c in calls])
-        return out
+        """The scorer's metadata: the verdict's parts as ``fhirgym eval``'s result line has them."""
+        ep = self.episode
+        return {**verdict_fields(self.instance, verdict, ep.calls, ep.floor(), self.crash),
+                "tool_calls": len(ep.calls), "final_answer": answer, "config": ep.config.name,
+                "verdict": verdict.to_json()}
 
 
 def _bind(handle: EpisodeHandle, schema: dict) -> Tool:

@@ -4,7 +4,7 @@
     results = run_eval(EvalSpec(out=Path("runs/x"), agent="reference", tasks="scheduling"), world)
 """
 
-from ._episode import DEFAULT_MAX_STEPS, EpisodeKey, run_episode
+from ._episode import DEFAULT_MAX_STEPS, EpisodeKey, run_episode, verdict_fields
 from ._eval import EvalError, EvalSpec, instance_for, instance_seed, plan, progress_line, run_eval, summary
 from ._judge import Agreement, JudgeVerdict, LlmJudge, agreement, gold_text
 from ._results import RESULTS, append_result, read_results
@@ -29,4 +29,5 @@ __all__ = [
     "run_episode",
     "run_eval",
     "summary",
+    "verdict_fields",
 ]
