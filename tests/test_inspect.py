@@ -247,6 +247,21 @@ def test_bad_settings_fail_with_clear_errors(small_world_path):
     assert parse_seeds(["0-2", "9"]) == [0, 1, 2, 9] and parse_seeds([5]) == [5]  # inspect's -T seeds=0-2,9
 
 
+def test_the_base_install_has_no_inspect():
+    """inspect-ai is the inspect extra's (and the test extra's, for CI), never a base dependency, and no
+    other layer imports it."""
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    assert not any(d.startswith("inspect-ai") for d in project["dependencies"])
+    extras = project["optional-dependencies"]
+    assert "inspect-ai==0.3.285" in extras["inspect"] and "inspect-ai==0.3.285" in extras["test"]
+    assert project["entry-points"]["inspect_ai"] == {"fhirgym": "fhirgym.inspect._registry"}
+    code = ("import sys, fhirgym.cli, fhirgym.runner, fhirgym.analysis, fhirgym.rl, fhirgym.memory\n"
+            "assert 'inspect_ai' not in sys.modules, 'imported inspect_ai'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
 # --- solvers and providers ----------------------------------------------------------------------------------
 
 

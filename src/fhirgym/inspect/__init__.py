@@ -12,6 +12,11 @@ type ``fhirgym-bwrap``. The layer uses ``env``, ``tools``, ``agents``, ``tasks``
 below imports it, and importing it needs the ``inspect`` extra.
 """
 
+try:
+    import inspect_ai  # noqa: F401
+except ImportError as exc:  # the base install has no inspect-ai: say how to get it
+    raise ImportError("fhirgym.inspect needs inspect-ai: pip install 'fhirgym[inspect]'") from exc
+
 from ._episodes import EpisodeHandle, episode_tools, handle_of
 from ._models import FhirgymModel
 from ._sandbox import BwrapConfig, BwrapSandboxEnvironment
