@@ -67,11 +67,12 @@ def episode(source: dict, config: str = "baseline", budget: int | None = None,
         inst = await anyio.to_thread.run_sync(_dataset.instance, source, meta["task_id"], meta["seed"])
         afford = budget or getattr(get_model().api, "tool_budget", None)
         handle = EpisodeHandle(state.uuid, inst, config, budget=afford, unsafe_python=unsafe_python)
-        obs = await anyio.to_thread.run_sync(handle.open)
         try:
-            register(handle)
+            obs = await anyio.to_thread.run_sync(handle.open)
+            register(handle)  # from here on the task's cleanup closes it
         except BaseException:
-            await anyio.to_thread.run_sync(handle.close)
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(handle.close)
             raise
         if obs.instructions:
             state.messages.insert(0, ChatMessageSystem(content=obs.instructions))
@@ -129,8 +130,9 @@ def default_agent(config: str = "baseline", max_turns: int | None = default_iter
 
 class InspectBackend:
     """A fhirgym ``ChatBackend`` over inspect's model, called from a fhirgym agent's worker thread: every
-    turn is inspect's (logged, retried, limited). The first model failure is kept in ``error`` and the
-    agent told of it as a ``BackendError``; a limit inspect raises passes through to end the sample."""
+    turn is inspect's (logged, retried, limited). A model failure is kept in ``error`` (the solver raises it:
+    the sample's error) and the agent told of it as a ``BackendError``; a limit inspect raises passes
+    through to end the sample."""
 
     def __init__(self, model: Model) -> None:
         self.model = model
