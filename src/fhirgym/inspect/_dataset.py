@@ -79,8 +79,8 @@ def samples(src: dict) -> list[Sample]:
     world = TaskWorld.open(src["world"])
     try:
         keys = plan(_spec(src), world)
-    except (EvalError, KeyError) as exc:
-        raise ValueError(str(exc).strip('"')) from None
+    except (EvalError, KeyError) as exc:  # a selector that selects nothing, an unknown family
+        raise ValueError(exc.args[0] if exc.args else str(exc)) from None
     out = []
     for key in keys:
         inst = instance(src, key.task_id, key.seed)
