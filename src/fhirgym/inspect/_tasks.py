@@ -67,20 +67,21 @@ def _task(src: dict, config: str, runs: int, budget: int | None, max_turns: int 
 
 
 @task
-def action(tasks: str | list[str] = "default", seeds: str | int | list[int] = "1", config: str = "baseline", runs: int = 1,
-           world: str | None = None, world_seed: int = DEFAULT_SEED, patients: int = DEFAULT_PATIENTS,
-           budget: int | None = None, max_turns: int = default_iterations("react"),
-           unsafe_python: bool = False) -> Task:
+def action(tasks: str | list[str] = "default", seeds: str | int | list[int] = "1", config: str = "baseline",
+           runs: int = 1, world: str | None = None, world_seed: int = DEFAULT_SEED,
+           patients: int = DEFAULT_PATIENTS, budget: int | None = None,
+           max_turns: int = default_iterations("react"), unsafe_python: bool = False) -> Task:
     """fhirgym's action families (``fhirgym eval``'s selectors and seed grammar)."""
     src = _dataset.source("action", _dataset.world_path(world, world_seed, patients), tasks, seeds)
     return _task(src, config, runs, budget, max_turns, unsafe_python)
 
 
 @task
-def qa(split: str = "valid", tasks: str | list[str] = "all", seeds: str | int | list[int] = "1", config: str = "baseline", runs: int = 1,
-       questions: str | None = None, per_template: int = QA_PER_TEMPLATE, world: str | None = None,
-       world_seed: int = DEFAULT_SEED, patients: int = DEFAULT_PATIENTS, budget: int | None = None,
-       max_turns: int = default_iterations("react"), unsafe_python: bool = False) -> Task:
+def qa(split: str = "valid", tasks: str | list[str] = "all", seeds: str | int | list[int] = "1",
+       config: str = "baseline", runs: int = 1, questions: str | None = None,
+       per_template: int = QA_PER_TEMPLATE, world: str | None = None, world_seed: int = DEFAULT_SEED,
+       patients: int = DEFAULT_PATIENTS, budget: int | None = None, max_turns: int = default_iterations("react"),
+       unsafe_python: bool = False) -> Task:
     """fhirgym's QA track (``fhirgym eval --track qa``): ``tasks`` selects templates, seed k is a template's
     k-th question of ``split``."""
     if split not in ("train", "valid", "test"):
