@@ -419,22 +419,13 @@ def tasks_paraphrase(selector: str | None, seeds: str, count: int, model: str | 
 # -- eval ----------------------------------------------------------------------------------------------
 
 def _seeds(value: str) -> list[int]:
-    """``--seeds`` everywhere: ``5`` → seeds 0..4; ``3,7`` or ``2-4`` → those seeds."""
-    value = value.strip()
+    """``--seeds`` everywhere: ``5`` → seeds 0..4; ``3,7`` or ``2-4`` → those seeds (tasks.parse_seeds)."""
+    from .tasks import parse_seeds
+
     try:
-        if value.isdigit():
-            if int(value) == 0:
-                raise click.BadParameter("0 selects no seed: N means seeds 0..N-1, so seed 0 alone is 1 (or 0-0)",
-                                         param_hint="--seeds")
-            return list(range(int(value)))
-        out: list[int] = []
-        for part in value.split(","):
-            lo, _, hi = part.partition("-")
-            out.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
-    except ValueError:
-        raise click.BadParameter(f"{value!r}: give N (seeds 0..N-1) or a list like 3,5 or 0-4",
-                                 param_hint="--seeds") from None
-    return out
+        return parse_seeds(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--seeds") from None
 
 
 @main.command("eval")

@@ -264,11 +264,14 @@ class Episode:
                 self._fork = None
 
 
-def solve_reference(episode: Episode) -> str:
+def solve_reference(episode: Episode, tools: Any = None) -> str:
     """Run the family's reference solution through the episode's tools (the built-in reference agent).
 
     The runner calls this for ``--agent reference`` only; the solver is never handed to an agent.
+    ``tools``: what the solution calls instead of ``episode.tools`` (anything with ``call(name,
+    arguments) -> ToolCall`` that reaches this episode), e.g. inspect's reference model, whose calls
+    become model turns that inspect runs through the episode's tools.
     """
     inst = episode.instance
-    return inst.family.solve(episode.tools, copy.deepcopy(inst.params), inst.now)
+    return inst.family.solve(episode.tools if tools is None else tools, copy.deepcopy(inst.params), inst.now)
 

@@ -4,12 +4,13 @@
     results = run_eval(EvalSpec(out=Path("runs/x"), agent="reference", tasks="scheduling"), world)
 """
 
-from ._episode import EpisodeKey, run_episode
-from ._eval import EvalError, EvalSpec, instance_seed, plan, progress_line, run_eval, summary
+from ._episode import DEFAULT_MAX_STEPS, EpisodeKey, run_episode, verdict_fields
+from ._eval import EvalError, EvalSpec, instance_for, instance_seed, plan, progress_line, run_eval, summary
 from ._judge import Agreement, JudgeVerdict, LlmJudge, agreement, gold_text
 from ._results import RESULTS, append_result, read_results
 
 __all__ = [
+    "DEFAULT_MAX_STEPS",
     "RESULTS",
     "Agreement",
     "EpisodeKey",
@@ -20,6 +21,7 @@ __all__ = [
     "agreement",
     "append_result",
     "gold_text",
+    "instance_for",
     "instance_seed",
     "plan",
     "progress_line",
@@ -27,4 +29,5 @@ __all__ = [
     "run_episode",
     "run_eval",
     "summary",
+    "verdict_fields",
 ]

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from ..agents import INFRASTRUCTURE_ERRORS, AgentResult, AgentTask, GuessAgent, ReferenceAgent
 from ..env import Config, Episode, solve_reference
-from ..tasks import Instance, failure_modes_of, paraphrase_source, proximity, render
+from ..tasks import Instance, Verdict, failure_modes_of, paraphrase_source, proximity, render
 from ..tasks.qa import QaFamily, qa_fields
+from ..tools import ToolCall
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,27 @@ def guess_floor(inst: Instance) -> bool:
 DEFAULT_MAX_STEPS = 1_000
 
 
+def verdict_fields(inst: Instance, verdict: Verdict, calls: list[ToolCall], floor: bool,
+                   crash: str | None = None) -> dict:
+    """The verdict's part of a result line (docs/RESULTS.md): strict and light success, the nothing-found
+    and guess floors, the reasons, failure modes, proximity and, for a question, the QA fields. One home for every
+    runner of episodes (``fhirgym eval``, the inspect tasks); an agent's own crash fails the episode."""
+    reasons = list(verdict.reasons)
+    if crash:
+        reasons.insert(0, f"agent crashed: {crash}")
+    out = {
+        "success": verdict.success and not crash,
+        "light_success": verdict.light_success if inst.writes else None,
+        "floor_nothing_found": floor, "floor_guess": guess_floor(inst), "reasons": reasons,
+        "failure_modes": [] if verdict.success else failure_modes_of(inst, calls, bool(verdict.collateral)),
+        "proximity": proximity([c.name for c in calls], inst.sequences),
+        "expected_min_calls": inst.expected_min_calls,
+    }
+    if isinstance(inst.family, QaFamily):  # the QA track: shape, gold types, retrieval P/R
+        out["qa"] = qa_fields(inst.family.question, [c.output for c in calls])
+    return out
+
+
 def run_episode(key: EpisodeKey, inst: Instance, agent, config: Config | str = "baseline", *,
                 setting: str = "default", model: str | None = None, budget: int | None = None,
                 max_iterations: int = 15, unsafe_python: bool = False,
@@ -90,30 +112,21 @@ def run_episode(key: EpisodeKey, inst: Instance, agent, config: Config | str = "
         calls = ep.calls
     duration = time.perf_counter() - t0
     status = "error" if result.error else ("pass" if verdict.success else "fail")
-    reasons = list(verdict.reasons)
-    if result.crash:
-        reasons.insert(0, f"agent crashed: {result.crash}")
-    names = [c.name for c in calls]
-    modes = failure_modes_of(inst, calls, bool(verdict.collateral)) if status == "fail" else []
+    judged = verdict_fields(inst, verdict, calls, floor, result.crash)
+    if status == "error":  # infrastructure: no verdict to report
+        judged.update(success=None, light_success=None, failure_modes=[])
     line = {
         "episode_id": key.id, "task_id": fam.id, "category": fam.category, "difficulty": fam.difficulty,
         "writes": inst.writes, "seed": key.seed, "paraphrase": key.paraphrase,
         "paraphrase_source": paraphrase_source(inst), "prompt_id": inst.prompt_id,
         "run": key.run, "config": key.config, "setting": setting, "memory": memory, "agent": getattr(agent, "name", str(agent)),
-        "model": model, "status": status,
-        "success": None if status == "error" else verdict.success and not result.crash,
-        "light_success": None if status == "error" or not inst.writes else verdict.light_success,
-        "floor_nothing_found": floor, "floor_guess": guess_floor(inst),
-        "reasons": reasons, "failure_modes": modes,
-        "proximity": proximity(names, inst.sequences), "expected_min_calls": inst.expected_min_calls,
+        "model": model, "status": status, **judged,
         "tool_calls": [c.to_json() for c in calls],
         "tokens": {"prompt": result.prompt_tokens, "completion": result.completion_tokens},
         "iterations": result.iterations, "stop_reason": result.stop_reason, "final_answer": result.final_answer,
         "duration_s": round(duration, 4), "sandbox_s": round(max(0.0, duration - result.model_s), 4),
         "error": result.error, "transcript": f"transcripts/{key.file_name}",
     }
-    if isinstance(fam, QaFamily):  # the QA track: shape, gold types, retrieval P/R (docs/RESULTS.md)
-        line["qa"] = qa_fields(fam.question, [c.output for c in calls])
     transcript = {
         **line, "prompt": inst.prompt, "now": inst.now.isoformat(), "params": render(inst.params),
         "system": next((m["content"] for m in result.messages if m.get("role") == "system"), None),

@@ -142,6 +142,23 @@ def qa_questions(spec: EvalSpec, world: TaskWorld) -> dict[str, list]:
     return _QUESTIONS[key]
 
 
+def instance_for(spec: EvalSpec, world: TaskWorld, key: EpisodeKey) -> Instance:
+    """The task instance an episode of ``plan(spec)`` runs on (its reference solution computed here, once,
+    not in parallel episodes): the one home of key → instance for every runner of episodes."""
+    if spec.track == "qa":
+        from ..tasks.qa import qa_instance
+
+        inst = qa_instance(qa_questions(spec, world)[key.task_id[3:]][key.seed], world)
+    else:
+        inst = make_instance(key.task_id, instance_seed(spec, key.task_id, key.seed), world)
+    if key.paraphrase:
+        from ..tasks import cached_paraphrase, offline_paraphrase
+
+        inst = (offline_paraphrase if spec.written_paraphrases else cached_paraphrase)(inst, key.paraphrase)
+    inst.reference  # noqa: B018
+    return inst
+
+
 def _seal(spec: EvalSpec) -> None:
     if spec.secret is not None:
         spec.sealed = True
@@ -231,21 +248,9 @@ def _run(spec: EvalSpec, world: TaskWorld, config, keys: list[EpisodeKey], done:
     def instance(key: EpisodeKey) -> Instance:
         ik = (key.task_id, key.seed, key.paraphrase)
         with lock:
-            if ik in instances:
-                return instances[ik]
-            if spec.track == "qa":
-                from ..tasks.qa import qa_instance
-
-                inst = qa_instance(qa_questions(spec, world)[key.task_id[3:]][key.seed], world)
-            else:
-                inst = make_instance(key.task_id, instance_seed(spec, key.task_id, key.seed), world)
-            if key.paraphrase:
-                from ..tasks import cached_paraphrase, offline_paraphrase
-
-                inst = (offline_paraphrase if spec.written_paraphrases else cached_paraphrase)(inst, key.paraphrase)
-            inst.reference  # noqa: B018  (computed once here, not in parallel episodes)
-            instances[ik] = inst
-            return inst
+            if ik not in instances:
+                instances[ik] = instance_for(spec, world, key)
+            return instances[ik]
 
     # --budget, else what the agent's model can afford (a local model: less), else the tools' default
     budget = spec.budget or getattr(getattr(agent, "backend", None), "tool_budget", None)
@@ -320,4 +325,5 @@ def progress_line(line: dict, finished: int, total: int, started: float, counts:
             f"{elapsed:5.0f}s elapsed, ~{eta:4.0f}s left  {line['task_id'][:40]:40}")
 
 
-__all__ = ["RESULTS", "EvalError", "EvalSpec", "instance_seed", "plan", "progress_line", "run_eval", "summary"]
+__all__ = ["RESULTS", "EvalError", "EvalSpec", "instance_for", "instance_seed", "plan", "progress_line", "run_eval",
+           "summary"]

@@ -56,6 +56,7 @@ from ._paraphrase import (
     written_paraphrase,
     written_phrasings,
 )
+from ._seeds import parse_seeds
 from .checks import Check
 from .draw import EitherWay, deal, pick
 
@@ -110,6 +111,7 @@ __all__ = [
     "paraphrase_source",
     "parse_answer",
     "parse_instant",
+    "parse_seeds",
     "pick",
     "proximity",
     "register",
