@@ -9,6 +9,10 @@ which :func:`dumps` writes back byte for byte.
 Speed: stored resources were written by :func:`dumps`, so most come back through orjson alone; the
 exact (slower) parser runs only when re-serialising orjson's result would not give the same bytes,
 i.e. when the JSON holds a number a float would change (or was not written by orjson).
+
+Request bodies come from anyone: :func:`parse_body` measures their nesting first (``json_depth``) and
+finds the numbers a float would change by scanning the text (strings blanked out), not by
+re-serialising the body, which orjson refuses beyond 254 levels.
 """
 
 from __future__ import annotations
@@ -105,4 +109,48 @@ def loads(data: bytes | str) -> Any:
     """
     obj = orjson.loads(data)
     raw = data.encode() if isinstance(data, str) else data
-    return obj if orjson.dumps(obj) == raw else _DECODER.decode(raw.decode())
+    try:
+        same = orjson.dumps(obj) == raw
+    except TypeError:  # nested beyond what orjson writes: not ours, so the careful way
+        same = False
+    return obj if same else _DECODER.decode(raw.decode())
+
+
+#: a JSON string (escapes included), and what is left of a text once its strings are blanked out and
+#: everything but brackets is dropped: innermost pairs
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_PAIR = re.compile(rb"\{\}|\[\]")
+#: numbers a float (or orjson's 64-bit integers) might not reproduce: fractions, exponents, -0, long integers
+_INEXACT = re.compile(rb"-?[0-9]+(?:\.[0-9]+)?[eE][+-]?[0-9]+|-?[0-9]+\.[0-9]+|-0(?![0-9])|-?[0-9]{19,}")
+
+
+def json_depth(text: bytes, limit: int) -> int:
+    """How deeply arrays and objects nest in valid JSON ``text`` (``{"a": [1]}``: 2), counted up to
+    ``limit + 1``: each pass of a C-speed substitution removes the innermost level."""
+    brackets = _STRING.sub(b"", text).translate(None, _NOT_BRACKETS)
+    depth = 0
+    while brackets and depth <= limit:
+        brackets = _PAIR.sub(b"", brackets)
+        depth += 1
+    return depth
+
+
+def parse_body(text: bytes, max_depth: int) -> tuple[Any, int]:
+    """A request body as :func:`loads` gives it, and its nesting depth (counted up to ``max_depth + 1``;
+    the caller refuses more, and then nothing else has looked at the body). Raises ``ValueError`` for
+    what is not JSON (as :func:`loads`)."""
+    obj = orjson.loads(text)
+    depth = json_depth(text, max_depth)
+    if depth > max_depth:
+        return None, depth
+    blanked = _STRING.sub(b'""', text)
+    for m in _INEXACT.finditer(blanked):
+        token = m[0]
+        if b"." in token or b"e" in token or b"E" in token:
+            exact = orjson.dumps(float(token)) == token
+        else:
+            exact = token != b"-0" and _I64[0] <= int(token) <= _I64[1]
+        if not exact:
+            return _DECODER.decode(text.decode()), depth
+    return obj, depth

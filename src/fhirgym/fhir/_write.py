@@ -12,7 +12,7 @@ from urllib.parse import parse_qsl
 
 from ._core import ServerCore
 from ._errors import FhirError, Issue, bad_request, invalid_resource
-from ._http import ID_RE, VERSION_RE
+from ._http import ID_RULE, VERSION_RE, is_id
 from ._json import dumps
 from ._refs import iter_references, reference_strings, reference_strings_json, rewrite_references
 from ._store import Record
@@ -148,8 +148,8 @@ def create(server: ServerCore, rtype: str, body: dict, rid: str | None = None, p
 def update(server: ServerCore, rtype: str, rid: str, body: dict, if_match: int | None = None,
            pending: set | None = None) -> tuple[Record, bool]:
     """Store a new version (or create with the client's id). Returns (record, created)."""
-    if not isinstance(rid, str) or not ID_RE.fullmatch(rid):
-        raise bad_request(f"Invalid resource id {rid!r} (ids are 1-64 of A-Z a-z 0-9 - .)", "invalid", ("id",))
+    if not is_id(rid):
+        raise bad_request(f"Invalid resource id {rid!r} ({ID_RULE})", "invalid", ("id",))
     body = copy.deepcopy(body)
     if body.get("id") != rid:
         raise bad_request(

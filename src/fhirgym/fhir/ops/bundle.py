@@ -16,7 +16,7 @@ from urllib.parse import parse_qsl, urlsplit
 from .. import _write as write
 from .._core import ServerCore
 from .._errors import FhirError, Issue, bad_request, operation_outcome
-from .._http import ID_RE, Request, Response, json_body, parse_etag
+from .._http import ID_RULE, Request, Response, is_id, json_body, parse_etag
 from .._refs import rewrite_references
 
 _ORDER = {"DELETE": 0, "POST": 1, "PUT": 2, "PATCH": 2, "GET": 3, "HEAD": 3}
@@ -106,6 +106,19 @@ def _check_full_urls(entries: list) -> None:
 def post(server: ServerCore, req: Request) -> Response:
     """``POST [base]``: a batch or transaction Bundle."""
     return process_bundle(server, json_body(req, server.config.max_body_bytes))
+
+
+def reads_only(server: ServerCore, req: Request) -> bool:
+    """Whether a Bundle only reads (every entry a GET or HEAD): then it need not wait for the writes.
+    A body that is no Bundle at all is refused, which writes nothing either."""
+    try:
+        bundle = json_body(req, server.config.max_body_bytes)
+    except FhirError:
+        return True
+    entries = bundle.get("entry", [])
+    return bundle.get("resourceType") == "Bundle" and isinstance(entries, list) and all(
+        isinstance(e, dict) and isinstance(e.get("request"), dict) and e["request"].get("method") in ("GET", "HEAD")
+        for e in entries)
 
 
 def process_bundle(server: ServerCore, bundle: dict) -> Response:
@@ -283,8 +296,8 @@ def _delete_target(server: ServerCore, url: str) -> tuple[str, str] | None:
     if not server.spec.is_resource_type(segs[0]):
         raise FhirError(404, f"Unknown resource type {segs[0]!r}", "not-found")
     if len(segs) == 2:
-        if not ID_RE.fullmatch(segs[1]):
-            raise bad_request(f"Invalid resource id {segs[1]!r} (ids are 1-64 of A-Z a-z 0-9 - .)", "invalid")
+        if not is_id(segs[1]):
+            raise bad_request(f"Invalid resource id {segs[1]!r} ({ID_RULE})", "invalid")
         return segs[0], segs[1]
     match = write.single_match(server, segs[0], query, "delete")
     return (segs[0], match) if match is not None else None
