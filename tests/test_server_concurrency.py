@@ -4,6 +4,7 @@ of reads, reads that each see one committed state, and requests that wait their 
 
 from __future__ import annotations
 
+import base64
 import http.client
 import os
 import resource
@@ -237,3 +238,125 @@ def test_a_batch_of_reads_runs_in_one_read_transaction(tmp_path):
     assert [e["response"]["status"] for e in resp.body["entry"]] == ["200 OK", "200 OK"]
     assert resp.body["entry"][0]["resource"]["total"] == 1
     server.store.close()
+
+
+# -- limits that hold --------------------------------------------------------------------------------------
+def _collection(entries: int) -> bytes:
+    return orjson.dumps({"resourceType": "Bundle", "type": "collection", "entry": [
+        {"resource": {"resourceType": "Patient", "name": [{"family": f"F{k}"}]}} for k in range(entries)]})
+
+
+@pytest.mark.slow
+def test_validation_stops_at_the_deadline_and_a_write_behind_it_gets_its_own_time():
+    """A 120,000-entry collection Bundle used to be validated to the end (408 after 62 s), and a one-line
+    POST queued behind it got a 408 too: its deadline had started before it waited for its turn."""
+    server = FhirServer(Store(), config=ServerConfig(request_timeout=2))
+    body = _collection(120_000)
+    headers = {"content-type": "application/fhir+json"}
+    result: dict = {}
+
+    def big() -> None:
+        start = time.monotonic()
+        result["big"] = server.handle(Request("POST", "Bundle", [], headers, body))
+        result["big_s"] = time.monotonic() - start
+
+    thread = threading.Thread(target=big)
+    thread.start()
+    time.sleep(0.3)  # the Bundle has the write turn
+    start = time.monotonic()
+    small = server.handle(Request("POST", "Patient", [], headers, b'{"resourceType": "Patient"}'))
+    small_s = time.monotonic() - start
+    thread.join(60)
+    print(f"\n120,000-entry Bundle: {result['big'].status} after {result['big_s']:.2f} s (limit 2 s); "
+          f"the POST behind it: {small.status} after {small_s:.2f} s")
+    assert result["big"].status == 408 and result["big"].body["issue"][0]["code"] == "timeout"
+    assert result["big_s"] < 2 + 3  # stopped near its deadline (62 s before), with room for a busy machine
+    assert small.status == 201, small.body
+    assert small_s < result["big_s"] + 3
+    assert server.store.counts() == {"Patient": 1}
+
+
+def test_a_write_that_waits_too_long_for_its_turn_is_a_503_with_retry_after():
+    server = FhirServer(Store(), config=ServerConfig(queue_timeout=0.3))
+    held, release = threading.Event(), threading.Event()
+
+    def writer() -> None:
+        with server._lock:  # a long write holds the turn
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        assert held.wait(10)
+        start = time.monotonic()
+        resp = server.handle(Request("POST", "Patient", body={"resourceType": "Patient"}))
+        assert resp.status == 503 and resp.headers["Retry-After"] and time.monotonic() - start < 5
+        assert "queue_timeout" in resp.body["issue"][0]["diagnostics"]
+    finally:
+        release.set()
+        thread.join()
+    assert server.store.counts() == {}
+    assert server.handle(Request("POST", "Patient", body={"resourceType": "Patient"})).status == 201
+
+
+def test_read_only_batches_and_post_search_do_not_wait_for_a_write(tmp_path):
+    server = file_server(tmp_path, queue_timeout=0.5)
+    client = InProcessClient(server)
+    assert client.update(patient("r1", "Reader")).status == 201
+    held, release = threading.Event(), threading.Event()
+
+    def writer() -> None:
+        with server._lock, server.store.transaction():
+            server.create("Patient", patient("w1"), rid="w1")
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        assert held.wait(10)
+        start = time.monotonic()
+        batch = client.transaction({"resourceType": "Bundle", "type": "batch", "entry": [
+            {"request": {"method": "GET", "url": "Patient/r1"}}, {"request": {"method": "GET", "url": "Patient?family=Reader"}}]})
+        assert batch.status == 200 and [e["response"]["status"] for e in batch.body["entry"]] == ["200 OK", "200 OK"]
+        found = client.request("POST", "Patient/_search", body=b"family=Reader",
+                               headers={"Content-Type": "application/x-www-form-urlencoded"})
+        assert found.status == 200 and found.body["total"] == 1
+        assert time.monotonic() - start < 0.5 * 4  # served beside the write, not after its queue_timeout
+        assert client.create(patient("x")).status == 503  # a write does wait (and gives up)
+    finally:
+        release.set()
+        thread.join()
+    server.store.close()
+
+
+def test_reads_in_a_batch_count_against_the_response_budget():
+    """60 reads of a 12 MB Binary returned 755 MB from a 5 KB request; here 60 of 300 KB under 1 MB."""
+    server = FhirServer(Store(), config=ServerConfig(max_response_bytes=1_000_000))
+    client = InProcessClient(server)
+    data = base64.b64encode(b"x" * 225_000).decode()
+    assert client.update({"resourceType": "Binary", "id": "b", "contentType": "text/plain", "data": data}).status == 201
+    batch = {"resourceType": "Bundle", "type": "batch", "entry": [{"request": {"method": "GET", "url": "Binary/b"}}] * 60}
+    resp = client.transaction(batch)
+    statuses = [e["response"]["status"] for e in resp.body["entry"]]
+    assert statuses[:3] == ["200 OK"] * 3 and set(statuses[4:]) == {"400"}, statuses
+    assert len(orjson.dumps(resp.body)) < 2_000_000
+    assert "max_response_bytes" in resp.body["entry"][-1]["response"]["outcome"]["issue"][0]["diagnostics"]
+
+
+def test_elements_is_capped_and_subsetting_stops_at_the_deadline():
+    """A 600,000-name ``_elements`` search answered 200 after 56.6 s."""
+    server = FhirServer(Store(), config=ServerConfig(id_seed=1))
+    client = InProcessClient(server)
+    assert not server.load([patient(f"p{k}") for k in range(300)])
+    start = time.monotonic()
+    resp = client.search("Patient", {"_elements": ",".join(f"n{k}" for k in range(600_000))})
+    assert resp.status == 400 and "at most 1000" in resp.body["issue"][0]["diagnostics"]
+    assert time.monotonic() - start < 5
+    names = ",".join(["name", *(f"n{k}" for k in range(999))])
+    page = client.search("Patient", {"_elements": names, "_count": "300"})
+    assert page.status == 200 and page.body["entry"][0]["resource"]["name"]
+    assert set(page.body["entry"][0]["resource"]) == {"resourceType", "id", "meta", "name"}
+    server.config.request_timeout = 0
+    assert client.search("Patient", {"_elements": names, "_count": "300"}).status == 408

@@ -31,7 +31,7 @@ def main() -> None:
 @click.option("--limit", "limits", multiple=True, metavar="NAME=VALUE",
               help="Set a server limit (repeatable): max_body_bytes, max_bundle_entries, max_response_bytes, "
                    "request_timeout, queue_timeout, header_timeout, body_timeout (seconds, 'none': no limit), "
-                   "max_cascade_delete, max_count, page_cache_ids, read_workers, max_elements; see docs/SERVER.md.")
+                   "max_cascade_delete, max_count, page_cache_ids, read_workers; see docs/SERVER.md.")
 def serve(host: str, port: int, db: Path | None, base: Path | None, demo: bool, lenient: bool,
           no_referential_integrity: bool, admin: bool, limits: tuple[str, ...]) -> None:
     """Run the embedded FHIR R4 server (base URL http://HOST:PORT/fhir)."""
@@ -64,7 +64,7 @@ def serve(host: str, port: int, db: Path | None, base: Path | None, demo: bool, 
 
 _LIMITS = {"max_body_bytes": int, "max_bundle_entries": int, "max_response_bytes": int, "request_timeout": float,
            "max_cascade_delete": int, "max_count": int, "page_cache_ids": int, "default_count": int,
-           "max_includes": int, "queue_timeout": float, "read_workers": int, "max_elements": int,
+           "max_includes": int, "queue_timeout": float, "read_workers": int,
            "header_timeout": float, "body_timeout": float}
 #: limits in seconds that may be switched off ('none')
 _UNBOUNDED = ("request_timeout", "queue_timeout", "header_timeout", "body_timeout")

@@ -66,8 +66,6 @@ class ServerConfig:
     #: requests that only read served at once on a file-backed store, each on its own reader connection
     #: (beyond it they wait their turn, as above); over HTTP, also the worker threads for them
     read_workers: int = 8
-    #: distinct names one ``_elements`` may list (400 beyond): a resource type has a few dozen elements
-    max_elements: int = 1000
     #: over HTTP, seconds a client has to send a request's head (from connecting, or from its first byte
     #: after a response): a connection that does not is closed, with a 408 if it had begun (None: no limit)
     header_timeout: float | None = 10.0

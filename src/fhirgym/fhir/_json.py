@@ -17,12 +17,15 @@ re-serialising the body, which orjson refuses beyond 254 levels.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from decimal import Decimal
 from typing import Any
 
 import orjson
+
+from .._gc import gc_paused
 
 #: An integer in JSON text that a Python ``int`` reproduces and orjson can write (64-bit).
 _I64 = (-(2**63), 2**64 - 1)
@@ -116,6 +119,17 @@ def loads(data: bytes | str) -> Any:
     return obj if same else _DECODER.decode(raw.decode())
 
 
+def copy_json(obj: Any) -> Any:
+    """A deep copy of a JSON value, exact decimals included, through its serialised form: a dozen times
+    faster than ``copy.deepcopy`` (a 120,000-entry Bundle: 1 s), and done in C, which matters when a
+    request's deadline waits for it. What is not JSON (sets, objects) is copied by ``deepcopy``."""
+    try:
+        with gc_paused():
+            return loads(dumps(obj))
+    except TypeError:
+        return copy.deepcopy(obj)
+
+
 #: a JSON string (escapes included), and what is left of a text once its strings are blanked out and
 #: everything but brackets is dropped: innermost pairs
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
@@ -127,8 +141,14 @@ _INEXACT = re.compile(rb"-?[0-9]+(?:\.[0-9]+)?[eE][+-]?[0-9]+|-?[0-9]+\.[0-9]+|-
 
 def json_depth(text: bytes, limit: int) -> int:
     """How deeply arrays and objects nest in valid JSON ``text`` (``{"a": [1]}``: 2), counted up to
-    ``limit + 1``: each pass of a C-speed substitution removes the innermost level."""
-    brackets = _STRING.sub(b"", text).translate(None, _NOT_BRACKETS)
+    ``limit + 1``."""
+    return _depth(_STRING.sub(b'""', text), limit)
+
+
+def _depth(blanked: bytes, limit: int) -> int:
+    """:func:`json_depth` of a text whose strings are blanked out: each pass of a C-speed substitution
+    removes the innermost level."""
+    brackets = blanked.translate(None, _NOT_BRACKETS)
     depth = 0
     while brackets and depth <= limit:
         brackets = _PAIR.sub(b"", brackets)
@@ -140,11 +160,12 @@ def parse_body(text: bytes, max_depth: int) -> tuple[Any, int]:
     """A request body as :func:`loads` gives it, and its nesting depth (counted up to ``max_depth + 1``;
     the caller refuses more, and then nothing else has looked at the body). Raises ``ValueError`` for
     what is not JSON (as :func:`loads`)."""
-    obj = orjson.loads(text)
-    depth = json_depth(text, max_depth)
+    with gc_paused():  # a large body is a million containers: collections would walk them again and again
+        obj = orjson.loads(text)
+    blanked = _STRING.sub(b'""', text)
+    depth = _depth(blanked, max_depth)
     if depth > max_depth:
         return None, depth
-    blanked = _STRING.sub(b'""', text)
     for m in _INEXACT.finditer(blanked):
         token = m[0]
         if b"." in token or b"e" in token or b"E" in token:

@@ -9,7 +9,6 @@ A batch runs each entry on its own and reports per-entry outcomes.
 
 from __future__ import annotations
 
-import copy
 import logging
 from urllib.parse import parse_qsl, urlsplit
 
@@ -17,6 +16,7 @@ from .. import _write as write
 from .._core import ServerCore
 from .._errors import FhirError, Issue, bad_request, operation_outcome
 from .._http import ID_RULE, Request, Response, is_id, json_body, parse_etag
+from .._json import copy_json
 from .._refs import rewrite_references
 
 _ORDER = {"DELETE": 0, "POST": 1, "PUT": 2, "PATCH": 2, "GET": 3, "HEAD": 3}
@@ -126,7 +126,7 @@ def process_bundle(server: ServerCore, bundle: dict) -> Response:
     if bundle["type"] == "batch":
         return Response(200, _batch(server, entries))
     # references are rewritten in place: work on copies, never on the caller's (in-process) objects
-    entries = [(n, e, m, u, copy.deepcopy(r) if r is not None else None) for n, e, m, u, r in entries]
+    entries = [(n, e, m, u, copy_json(r) if r is not None else None) for n, e, m, u, r in entries]
     with server.store.transaction():
         result = _transaction(server, entries)
     return Response(200, result)
