@@ -65,6 +65,9 @@ from ._xhtml import xhtml_problem
 MAX_DEPTH = 100
 #: units of work (see :meth:`Validator._step`) between two calls of a validation's ``stop``
 _STEPS = 2000
+#: a resource of more units than this has its FHIRPath evaluations made interruptible (see
+#: :func:`._invariants._interruptible`): a few thousand elements, far beyond any ordinary resource
+_LARGE = 20_000
 
 _INT_MIN = -(2**31)
 _INT_MAX = 2**31 - 1
@@ -353,9 +356,11 @@ class Validator:
         a :class:`FhirError`) ends the validation and is raised here."""
         issues: list[Issue] = []
         outer, self._local.stop = getattr(self._local, "stop", None), stop
-        self._local.steps = 0
+        self._local.steps = self._local.walked = 0
         try:
             self._resource(resource, "", issues, 0)
+            # a FHIRPath evaluation on a large resource may itself run for seconds: then it is interruptible
+            self._local.guard = stop if self._local.walked > _LARGE else None
             if invariants and not issues:
                 self._invariants(resource, self._plan(resource["resourceType"]), resource,  # type: ignore[index]
                                  resource["resourceType"], issues)  # type: ignore[index]
@@ -374,6 +379,7 @@ class Validator:
         local = self._local
         if local.stop is not None:
             local.steps += n
+            local.walked += n
             if local.steps >= _STEPS:
                 local.steps = 0
                 local.stop()
@@ -414,7 +420,7 @@ class Validator:
             invs = plan.invariants = self.invariants.at(plan.key)
         if invs:
             self._step(8 * len(invs))  # an evaluation costs about what walking a few elements does
-            self.invariants.check(invs, obj, plan.key, root, path, issues, _render)
+            self.invariants.check(invs, obj, plan.key, root, path, issues, _render, self._local.guard)
         fields = plan.fields
         for key, val in obj.items():
             f = fields.get(key)

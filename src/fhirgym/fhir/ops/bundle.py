@@ -248,6 +248,7 @@ def _transaction(server: ServerCore, entries: list) -> dict:
             responses[n] = _execute(server, n, entry, method, url, resource, plans.get(n), pending)
         except FhirError as err:
             raise _entry_error(n, err) from None
+    _check_conditional_creates(server, entries, plans)
     if server.config.referential_integrity:  # 3. nothing left may reference what was deleted
         for (rtype, rid), n in deleted.items():
             referrers = [r for r in server.store.referrers(rtype, rid, limit=6) if r not in deleting]
@@ -260,6 +261,25 @@ def _transaction(server: ServerCore, entries: list) -> dict:
         "type": "transaction-response",
         "entry": [responses[n] for n, *_ in entries],
     }
+
+
+def _check_conditional_creates(server: ServerCore, entries: list, plans: dict[int, tuple]) -> None:
+    """Each conditional create (``ifNoneExist``) still matches at most one resource once every entry is
+    written: two entries with the same condition (or one whose resource another entry's condition
+    selects) would otherwise both create, each having looked before the other was there. Asked only
+    of types this transaction writes more than once."""
+    writes: dict[str, int] = {}
+    for _method, rtype, _rid, existed in plans.values():
+        if not existed:
+            writes[rtype] = writes.get(rtype, 0) + 1
+    for n, entry, method, _url, _resource in entries:
+        if method != "POST" or plans[n][3] or writes[plans[n][1]] < 2:
+            continue
+        cond = entry["request"].get("ifNoneExist")
+        if cond and len(matches := write.conditional_match(server, plans[n][1], cond)) > 1:
+            raise _entry_error(n, FhirError(400, f"ifNoneExist {cond!r} matches {len(matches)} resources once this "
+                                                 "transaction is written: its entries would create duplicates that "
+                                                 "the condition is there to prevent", "duplicate"))
 
 
 def _execute(server: ServerCore, n: int, entry: dict, method: str, url: str, resource: dict | None,
