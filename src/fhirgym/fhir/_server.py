@@ -35,9 +35,11 @@ class FhirServer(ServerCore):
         of the store instead (:meth:`~._store.Store.reading`): one read transaction, so all it reads is
         one committed state, and it is served while a long write runs."""
         try:
-            if self.store.concurrent_reads and _routes.reads_only(self, req):
-                return self._read(req)
-            return self._write(req)
+            reads = self.store.concurrent_reads and _routes.reads_only(self, req)
+        except Exception:  # whatever is wrong with the request, serving it says so (as a write: to be safe)
+            reads = False
+        try:
+            return self._read(req) if reads else self._write(req)
         except FhirError as err:  # no turn in time, or shutting down
             return Response(err.status, err.outcome(), dict(err.headers))
 

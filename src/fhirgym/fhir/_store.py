@@ -335,7 +335,9 @@ class Store:
                     raise Unavailable(f"all {self.max_readers} reader connections stayed busy")
                 self._pool.wait(0.1 if left is None else min(left, 0.1))
             if self._idle:
-                return self._idle.pop()
+                view = self._idle.pop()
+                view.interrupt = self.interrupt  # the server's deadline check, set after the store was made
+                return view
             self._open_readers += 1
         try:
             return self._open_reader()
