@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from urllib.parse import parse_qsl
 
 from ._errors import FhirError, bad_request
-from ._json import dumps, json_depth, parse_body
+from ._json import deeper_than, parse_body
 from ._values import END_INSTANT, date_range
 
 #: a resource id (``fullmatch`` only: ``$`` would also accept a trailing newline); see :func:`is_id`
@@ -105,13 +105,11 @@ def json_body(req: Request, max_bytes: int) -> dict:
     body = req.body
     if isinstance(body, dict):
         try:  # an in-process body must be storable JSON (no 128-bit ints, sets, objects): 400, not a 500
-            text = dumps(body)
+            deep = deeper_than(body, MAX_JSON_DEPTH)
         except TypeError as exc:
-            if "Recursion" in str(exc):  # beyond what orjson writes, so beyond what we accept
-                raise too_deep(MAX_JSON_DEPTH + 1) from None
             raise bad_request(f"The body is not JSON-serialisable: {exc}", "structure") from None
-        if (depth := json_depth(text, MAX_JSON_DEPTH)) > MAX_JSON_DEPTH:
-            raise too_deep(depth)
+        if deep:
+            raise too_deep(MAX_JSON_DEPTH + 1)
         req.parsed = body
         return body
     if not body:
