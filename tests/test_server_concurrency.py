@@ -5,6 +5,7 @@ of reads, reads that each see one committed state, and requests that wait their 
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import os
 import resource
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import orjson
@@ -280,34 +282,10 @@ def test_validation_stops_at_the_deadline_and_a_write_behind_it_gets_its_own_tim
     assert server.store.counts() == {"Patient": 1}
 
 
-def test_a_write_that_waits_too_long_for_its_turn_is_a_503_with_retry_after():
-    server = FhirServer(Store(), config=ServerConfig(queue_timeout=0.3))
-    held, release = threading.Event(), threading.Event()
-
-    def writer() -> None:
-        with server._lock:  # a long write holds the turn
-            held.set()
-            release.wait(10)
-
-    thread = threading.Thread(target=writer)
-    thread.start()
-    try:
-        assert held.wait(10)
-        start = time.monotonic()
-        resp = server.handle(Request("POST", "Patient", body={"resourceType": "Patient"}))
-        assert resp.status == 503 and resp.headers["Retry-After"] and time.monotonic() - start < 5
-        assert "queue_timeout" in resp.body["issue"][0]["diagnostics"]
-    finally:
-        release.set()
-        thread.join()
-    assert server.store.counts() == {}
-    assert server.handle(Request("POST", "Patient", body={"resourceType": "Patient"})).status == 201
-
-
-def test_read_only_batches_and_post_search_do_not_wait_for_a_write(tmp_path):
-    server = file_server(tmp_path, queue_timeout=0.5)
-    client = InProcessClient(server)
-    assert client.update(patient("r1", "Reader")).status == 201
+@contextlib.contextmanager
+def write_in_progress(server: FhirServer) -> Iterator[None]:
+    """A long write: it holds the write turn, in an open transaction that created Patient/w1, until the
+    block ends."""
     held, release = threading.Event(), threading.Event()
 
     def writer() -> None:
@@ -320,6 +298,28 @@ def test_read_only_batches_and_post_search_do_not_wait_for_a_write(tmp_path):
     thread.start()
     try:
         assert held.wait(10)
+        yield
+    finally:
+        release.set()
+        thread.join()
+
+
+def test_a_write_that_waits_too_long_for_its_turn_is_a_503_with_retry_after():
+    server = FhirServer(Store(), config=ServerConfig(queue_timeout=0.3))
+    with write_in_progress(server):
+        start = time.monotonic()
+        resp = server.handle(Request("POST", "Patient", body={"resourceType": "Patient"}))
+        assert resp.status == 503 and resp.headers["Retry-After"] and time.monotonic() - start < 5
+        assert "queue_timeout" in resp.body["issue"][0]["diagnostics"]
+    assert server.store.counts() == {"Patient": 1}  # the long write's, not the refused one
+    assert server.handle(Request("POST", "Patient", body={"resourceType": "Patient"})).status == 201
+
+
+def test_read_only_batches_and_post_search_do_not_wait_for_a_write(tmp_path):
+    server = file_server(tmp_path, queue_timeout=0.5)
+    client = InProcessClient(server)
+    assert client.update(patient("r1", "Reader")).status == 201
+    with write_in_progress(server):
         start = time.monotonic()
         batch = client.transaction({"resourceType": "Bundle", "type": "batch", "entry": [
             {"request": {"method": "GET", "url": "Patient/r1"}}, {"request": {"method": "GET", "url": "Patient?family=Reader"}}]})
@@ -329,9 +329,6 @@ def test_read_only_batches_and_post_search_do_not_wait_for_a_write(tmp_path):
         assert found.status == 200 and found.body["total"] == 1
         assert time.monotonic() - start < 0.5 * 4  # served beside the write, not after its queue_timeout
         assert client.create(patient("x")).status == 503  # a write does wait (and gives up)
-    finally:
-        release.set()
-        thread.join()
     server.store.close()
 
 
