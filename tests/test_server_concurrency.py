@@ -361,3 +361,15 @@ def test_elements_is_capped_and_subsetting_stops_at_the_deadline():
     assert set(page.body["entry"][0]["resource"]) == {"resourceType", "id", "meta", "name"}
     server.config.request_timeout = 0
     assert client.search("Patient", {"_elements": names, "_count": "300"}).status == 408
+
+
+def test_the_page_cache_stays_bounded_when_searches_run_on_readers(tmp_path):
+    """A read runs on a copy of the server with the reader as its store: the count of cached ids lived on
+    the copy, so on a file-backed store no list was ever dropped (200 lists of 6 ids with room for 10)."""
+    server = file_server(tmp_path, page_cache_ids=10)
+    client = InProcessClient(server)
+    assert not server.load([patient(f"p{k}", f"F{k % 5}") for k in range(30)])
+    for k in range(200):
+        assert client.search("Patient", {"_count": "2", "family": f"F{k % 5}", "_id:not": f"x{k}"}).status == 200
+    assert server.pages_held <= 10 and sum(len(state["ids"]) for state in server.pages.values()) <= 10
+    server.store.close()

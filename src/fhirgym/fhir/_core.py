@@ -89,7 +89,11 @@ def _components(spec: Spec) -> tuple:
 
 
 class ServerCore:
-    """An R4 server's state over one :class:`Store`, without routing (see :class:`FhirServer`)."""
+    """An R4 server's state over one :class:`Store`, without routing (see :class:`FhirServer`).
+
+    A request that only reads is served by a shallow copy of the server whose store is a reader: state
+    that requests change (the page cache and its count, the shutdown flag) lives in objects the copies
+    share, never in a plain attribute that a copy would rebind."""
 
     def __init__(self, store: Store, spec: Spec | None = None, config: ServerConfig | None = None) -> None:
         self.store = store
@@ -105,15 +109,36 @@ class ServerCore:
         #: remembered result lists by paging token (see :mod:`._paging`), guarded by ``pages_lock``
         self.pages: OrderedDict[str, dict] = OrderedDict()
         self.pages_lock = threading.Lock()
-        self.pages_held = 0  # ids in ``pages``
+        self._held = [0]  # ids in ``pages``: in a list, shared with the views a read runs on
         self._lock = threading.RLock()
         self._budget = threading.local()  # the running request's deadline and response bytes, per thread
-        self.stopping = False  # set on shutdown: running requests stop at their next check
+        self._shutdown = threading.Event()  # shared with the views a read runs on (shallow copies)
         store.interrupt = self.past_deadline
         store.max_readers = self.config.read_workers
         self.capability: dict | None = None
         self.ref_cache: dict[str, tuple[str, str] | None] = {}  # reference string -> local target
         self.admin_snapshot = None  # used only by the optional admin HTTP routes
+
+    @property
+    def pages_held(self) -> int:
+        """Ids in :attr:`pages` (guarded by ``pages_lock``)."""
+        return self._held[0]
+
+    @pages_held.setter
+    def pages_held(self, value: int) -> None:
+        self._held[0] = value
+
+    @property
+    def stopping(self) -> bool:
+        """Set on shutdown: running requests stop at their next check (the readers' views see it too)."""
+        return self._shutdown.is_set()
+
+    @stopping.setter
+    def stopping(self, value: bool) -> None:
+        if value:
+            self._shutdown.set()
+        else:
+            self._shutdown.clear()
 
     @property
     def base(self) -> str:
