@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -128,14 +127,14 @@ def test_dot_segment_ids_are_refused_on_every_route(rid):
                                ("DELETE", f"Patient/{rid}", None), ("GET", f"Patient/{rid}/_history", None),
                                ("GET", f"Patient/{rid}/$everything", None)]:
         resp = client.request(method, path, body=sent)
-        assert resp.status == 400 and "not '.' or '..'" in resp.body["issue"][0]["diagnostics"], (method, path)
+        assert resp.status == 400 and "a URL cannot carry them" in resp.body["issue"][0]["diagnostics"], (method, path)
     tx = client.transaction({"resourceType": "Bundle", "type": "transaction", "entry": [
         {"resource": body, "request": {"method": "PUT", "url": f"Patient/{rid}"}}]})
     assert tx.status == 400, tx.body
     tx = client.transaction({"resourceType": "Bundle", "type": "transaction", "entry": [
         {"request": {"method": "DELETE", "url": f"Patient/{rid}"}}]})
     assert tx.status == 400, tx.body
-    with pytest.raises(FhirError, match=re.escape("not '.' or '..'")):
+    with pytest.raises(FhirError, match="a URL cannot carry them"):
         server.load([body])
     assert client.read("Patient", "p1.").status == 404  # other dots are ids like any
 

@@ -18,8 +18,6 @@ from ._values import END_INSTANT, date_range
 
 #: a resource id (``fullmatch`` only: ``$`` would also accept a trailing newline); see :func:`is_id`
 ID_RE = re.compile(r"[A-Za-z0-9\-.]{1,64}")
-#: what an id says when it is refused
-ID_RULE = "ids are 1-64 of A-Z a-z 0-9 - . and not '.' or '..'"
 #: JSON nesting (arrays and objects) a request body may have. FHIR resources need a few dozen levels at
 #: most; the validator walks at most 100 objects deep, orjson writes at most 254 levels. A body beyond it is
 #: refused before anything else looks at it.
@@ -33,6 +31,13 @@ def is_id(value: object) -> bool:
     """Whether ``value`` may name a resource: FHIR's id pattern, less the two ids it allows that a URL
     cannot carry (``Patient/..`` is ``Patient``'s parent to every HTTP client, RFC 3986 dot-segments)."""
     return isinstance(value, str) and ID_RE.fullmatch(value) is not None and value not in (".", "..")
+
+
+def id_rule(value: object) -> str:
+    """Why ``value`` is not an id (see :func:`is_id`), for the refusal's diagnostics."""
+    if value in (".", ".."):
+        return "'.' and '..' are not ids: a URL cannot carry them"
+    return "ids are 1-64 of A-Z a-z 0-9 - ."
 
 
 @dataclass

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ._core import ServerCore
 from ._errors import FhirError, bad_request, not_found
-from ._http import ID_RULE, Request, Response, is_id
+from ._http import Request, Response, id_rule, is_id
 from ._search import check_format
 from .ops import bundle, create, delete, everything, history, metadata, paging, read, search, update, validate
 
@@ -148,5 +148,5 @@ def _unrouted(method: str, path: str, parts: list[str], is_type: Callable[[str],
     if second.startswith("$"):
         return FhirError(404, f"Unknown operation {second} on {head}", "not-supported")
     if not is_id(second):
-        return bad_request(f"Invalid resource id {second!r} ({ID_RULE})")
+        return bad_request(f"Invalid resource id {second!r} ({id_rule(second)})")
     return not_found(f"Unknown path /{path}")

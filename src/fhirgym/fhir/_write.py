@@ -11,7 +11,7 @@ from urllib.parse import parse_qsl
 
 from ._core import ServerCore
 from ._errors import FhirError, Issue, bad_request, invalid_resource
-from ._http import ID_RULE, VERSION_RE, is_id
+from ._http import VERSION_RE, id_rule, is_id
 from ._json import copy_json, dumps
 from ._refs import iter_references, reference_strings, reference_strings_json, rewrite_references
 from ._store import Record
@@ -148,7 +148,7 @@ def update(server: ServerCore, rtype: str, rid: str, body: dict, if_match: int |
            pending: set | None = None) -> tuple[Record, bool]:
     """Store a new version (or create with the client's id). Returns (record, created)."""
     if not is_id(rid):
-        raise bad_request(f"Invalid resource id {rid!r} ({ID_RULE})", "invalid", ("id",))
+        raise bad_request(f"Invalid resource id {rid!r} ({id_rule(rid)})", "invalid", ("id",))
     body = copy_json(body)
     if body.get("id") != rid:
         raise bad_request(

@@ -15,7 +15,7 @@ from urllib.parse import parse_qsl, urlsplit
 from .. import _write as write
 from .._core import ServerCore
 from .._errors import FhirError, Issue, bad_request, operation_outcome
-from .._http import ID_RULE, Request, Response, is_id, json_body, parse_etag
+from .._http import Request, Response, id_rule, is_id, json_body, parse_etag
 from .._json import copy_json
 from .._refs import rewrite_references
 
@@ -317,7 +317,7 @@ def _delete_target(server: ServerCore, url: str) -> tuple[str, str] | None:
         raise FhirError(404, f"Unknown resource type {segs[0]!r}", "not-found")
     if len(segs) == 2:
         if not is_id(segs[1]):
-            raise bad_request(f"Invalid resource id {segs[1]!r} ({ID_RULE})", "invalid")
+            raise bad_request(f"Invalid resource id {segs[1]!r} ({id_rule(segs[1])})", "invalid")
         return segs[0], segs[1]
     match = write.single_match(server, segs[0], query, "delete")
     return (segs[0], match) if match is not None else None
