@@ -434,7 +434,8 @@ def _seeds(value: str) -> list[int]:
               help="react | codeact | reference | null | nothing-found | guess | cmd:\"PROGRAM ARGS\" | "
                    "package.module:Class")
 @click.option("--model", default=None, help="local/qwen2.5-coder-1.5b (default), local/qwen2.5-coder-0.5b, "
-              "local/PATH.gguf, openai/NAME, openai-compatible/NAME (with --base-url)")
+              "local/PATH.gguf, local/MODEL+ADAPTER.gguf (a LoRA adapter of rl export --adapter), openai/NAME, "
+              "openai-compatible/NAME (with --base-url)")
 @click.option("--base-url", default=None, envvar="OPENAI_BASE_URL", help="Endpoint of an OpenAI-compatible server.")
 @click.option("--tasks", "selector", default=None,
               help="Task selector: ids, globs (scheduling.*), categories, reads/writes, d1-d3, all, default  "
