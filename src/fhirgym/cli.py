@@ -437,7 +437,8 @@ def _seeds(value: str) -> list[int]:
               help="react | codeact | reference | null | nothing-found | guess | cmd:\"PROGRAM ARGS\" | "
                    "package.module:Class")
 @click.option("--model", default=None, help="local/qwen2.5-coder-1.5b (default), local/qwen2.5-coder-0.5b, "
-              "local/PATH.gguf, openai/NAME, openai-compatible/NAME (with --base-url)")
+              "local/PATH.gguf, local/MODEL+ADAPTER.gguf (a LoRA adapter of rl export --adapter), openai/NAME, "
+              "openai-compatible/NAME (with --base-url)")
 @click.option("--base-url", default=None, envvar="OPENAI_BASE_URL", help="Endpoint of an OpenAI-compatible server.")
 @click.option("--tasks", "selector", default=None,
               help="Task selector: ids, globs (scheduling.*), categories, reads/writes, d1-d3, all, default  "
@@ -1086,20 +1087,31 @@ def rl_eval_cmd(model: str, base_url: str | None, n: int, split: str, temperatur
 @click.option("--checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
               help="A LoRA checkpoint of rl train (final/ or checkpoint-N/).")
 @click.option("--out", type=click.Path(path_type=Path), required=True,
-              help="FILE.gguf (merged into the base GGUF, for llama.cpp) or, with --hf, a directory.")
+              help="FILE.gguf (merged into the base GGUF, or with --adapter the adapter alone) or, with --hf, "
+                   "a directory.")
+@click.option("--adapter", is_flag=True,
+              help="Write a llama.cpp LoRA adapter GGUF (F32, a few MB) that llama.cpp applies over the base.")
 @click.option("--hf", is_flag=True, help="Write a merged Hugging Face directory instead (needs torch).")
-def rl_export(checkpoint: Path, out: Path, hf: bool) -> None:
-    """Merge a LoRA checkpoint so `fhirgym eval` can serve it: into the base GGUF (then
-    `fhirgym eval --agent react --model local/OUT.gguf`), or into a Hugging Face directory."""
+def rl_export(checkpoint: Path, out: Path, adapter: bool, hf: bool) -> None:
+    """Make a LoRA checkpoint servable by `fhirgym eval`: merged into the base GGUF (then
+    `fhirgym eval --agent react --model local/OUT.gguf`), as a llama.cpp adapter for that base
+    (`--model local/BASE+OUT.gguf`), or merged into a Hugging Face directory."""
+    if adapter and hf:
+        raise click.UsageError("--adapter and --hf write different things: give one")
     try:
-        from .rl import merge_into_gguf, merge_to_hf
+        from .rl import base_of, merge_into_gguf, merge_to_hf, write_lora_gguf
 
-        path = merge_to_hf(checkpoint, out) if hf else merge_into_gguf(checkpoint, out)
+        if hf:
+            click.echo(f"wrote {merge_to_hf(checkpoint, out)}")
+            return
+        path = (write_lora_gguf if adapter else merge_into_gguf)(checkpoint, out)
+        model = f"{base_of(checkpoint)}+{path}" if adapter else str(path)
     except ImportError as exc:
         raise click.ClickException(f"rl export needs the rl extra: pip install 'fhirgym[rl]' ({exc})") from None
     except (ValueError, FileNotFoundError, KeyError) as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"wrote {path}" + ("" if hf else f"; evaluate it with: fhirgym eval --agent react --model local/{path}"))
+    click.echo(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB); evaluate it with: "
+               f"fhirgym eval --agent react --model local/{model}")
 
 
 @rl_group.command("skyrl")

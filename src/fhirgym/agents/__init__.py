@@ -30,6 +30,7 @@ from ._factory import (
     make_backend,
     needs_model,
 )
+from ._local import LocalBackend
 from ._prompt import worked_example
 from ._react import SYSTEM_PROMPT, ReactAgent
 from ._scripted import ScriptedBackend
@@ -56,6 +57,7 @@ __all__ = [
     "CommandAgent",
     "ContextLengthExceeded",
     "GuessAgent",
+    "LocalBackend",
     "ModelUnavailable",
     "NothingFoundAgent",
     "NullAgent",

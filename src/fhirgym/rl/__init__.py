@@ -25,7 +25,7 @@ from ._data import (
     write_rows,
 )
 from ._evaluate import pass_at_k, rl_eval
-from ._export import merge_into_gguf, merge_to_hf
+from ._export import base_of, merge_into_gguf, merge_to_hf, write_lora_gguf
 from ._recipes import Recipe, load_recipe, recipe_names, skyrl_overrides, trl_args
 from ._reward import RewardSpec
 from ._skyrl_launch import PAPER_DEFAULTS, launch_overrides, write_launch
@@ -46,6 +46,7 @@ __all__ = [
     "TextEpisode",
     "TextStep",
     "TrainSpec",
+    "base_of",
     "build_trainer",
     "dataset_rows",
     "instance_for",
@@ -68,5 +69,6 @@ __all__ = [
     "trl_environment",
     "trl_reward",
     "write_launch",
+    "write_lora_gguf",
     "write_rows",
 ]
