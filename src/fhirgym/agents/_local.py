@@ -40,6 +40,7 @@ from typing import Any
 from ._backend import LOCAL_MODELS, BackendError, ChatResult, ContextLengthExceeded, local_model_label
 from ._grammar import looked_up, seen_ids, turn_grammar
 from ._prompt import compact_tools, worked_example
+from ._template import ChatTemplate
 from ._toolcalls import parse_tool_calls
 from ._weights import ModelUnavailable, file_lock, model_path, models_dir
 
@@ -172,6 +173,7 @@ class LocalBackend:
         # what the model wrote, by the (text, calls) the agent kept of it: the history is then rendered
         # with the model's own tokens, so the next turn reuses their KV instead of prefilling a re-rendering
         self._raw: dict[str, str] = {}
+        self._template: ChatTemplate | None = None
 
     @property
     def path(self) -> Path:
@@ -326,6 +328,32 @@ class LocalBackend:
             converted[1:1] = worked_example(tools, answer_schema is not None)
         return converted
 
+    def template(self) -> ChatTemplate:
+        """The model file's chat template, tokenizer and grammar checker (no weights needed)."""
+        if self._template is None:
+            self._template = ChatTemplate(str(self.path.resolve()))
+        return self._template
+
+    def render(self, messages: list[dict], tools: list[dict] | None, answer_schema: dict | None = None) -> str:
+        """The exact prompt text :meth:`chat` has llama.cpp continue for these messages (worked example,
+        compact tools and the model's own earlier replies included), up to where the model's turn starts."""
+        converted = self._prompt(messages, tools, answer_schema)
+        shown = (compact_tools(tools) if self.compact else tools) if tools else None
+        return self.template().render(converted, shown)
+
+    def turn_gbnf(self, messages: list[dict], tools: list[dict] | None, answer_schema: dict | None) -> str | None:
+        """The GBNF grammar :meth:`chat` samples this turn under (None: no grammar)."""
+        if not (self.grammar and tools):
+            return None
+        return turn_grammar(tools, answer_schema, reasoning=self.reasoning,
+                            allow_answer=not self.call_first or looked_up(messages), ids=seen_ids(messages),
+                            max_calls=self.calls_per_turn)
+
+    def remember(self, text: str, calls: list[tuple[str, dict]], raw: str) -> None:
+        """Render a later history's turn (``text`` and ``calls``, as the agent keeps it) as ``raw``: what the
+        model wrote, so that the next prompt holds the model's own tokens."""
+        self._remember(text, calls, raw)
+
     def _remember(self, text: str, calls: list[tuple[str, dict]], raw: str) -> None:
         if len(self._raw) >= 512:  # bounded: only the running episodes' turns matter
             self._raw.pop(next(iter(self._raw)))
@@ -335,15 +363,12 @@ class LocalBackend:
     def _grammar(self, messages: list[dict], tools: list[dict], answer_schema: dict | None) -> Any:
         from llama_cpp import LlamaGrammar
 
-        looked = not self.call_first or looked_up(messages)
-        ids = seen_ids(messages)
-        key = json.dumps([tools, answer_schema, looked, ids], sort_keys=True)
+        key = json.dumps([tools, answer_schema, looked_up(messages), seen_ids(messages)], sort_keys=True)
         if key not in self._grammars:
             if len(self._grammars) >= 256:  # bounded: the id sets of finished episodes are not needed again
                 self._grammars.pop(next(iter(self._grammars)))
-            text = turn_grammar(tools, answer_schema, reasoning=self.reasoning, allow_answer=looked, ids=ids,
-                                max_calls=self.calls_per_turn)
-            self._grammars[key] = LlamaGrammar.from_string(text, verbose=False)
+            self._grammars[key] = LlamaGrammar.from_string(self.turn_gbnf(messages, tools, answer_schema),
+                                                           verbose=False)
         return self._grammars[key]
 
     def _machine_lock(self) -> contextlib.AbstractContextManager[None]:
