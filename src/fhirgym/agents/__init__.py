@@ -30,7 +30,7 @@ from ._factory import (
     make_backend,
     needs_model,
 )
-from ._local import LocalBackend
+from ._local import LocalBackend, Sampled
 from ._prompt import worked_example
 from ._react import OBSERVATION, SYSTEM_PROMPT, ReactAgent
 from ._scripted import ScriptedBackend
@@ -66,6 +66,7 @@ __all__ = [
     "NullAgent",
     "ReactAgent",
     "ReferenceAgent",
+    "Sampled",
     "ScriptedBackend",
     "ToolCall",
     "clock_block",
