@@ -20,6 +20,7 @@ from . import checks, draw, facts, solve
 from ._answer import NOT_FOUND, AnswerSpec, Field, answer_text, parse_answer, parse_instant, render
 from ._check import check, figures
 from ._diff import Change, diff, mark
+from ._evidence import looked_at
 from ._expect import Expect, match
 from ._failure import MODES, failure_modes, failure_modes_of, proximity
 from ._family import (
@@ -105,6 +106,7 @@ __all__ = [
     "get_family",
     "heldout_split",
     "load_families",
+    "looked_at",
     "make_instance",
     "mark",
     "match",
