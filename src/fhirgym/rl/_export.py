@@ -215,7 +215,7 @@ def merge_into_gguf(checkpoint: Path, out: Path, base_gguf: Path | None = None) 
 
 def merge_to_hf(checkpoint: Path, out: Path) -> Path:
     """A merged Hugging Face model directory (base + LoRA folded in), e.g. for an OpenAI-compatible server."""
-    from ._trainer import load_policy
+    from ._policy import load_policy
 
     model, tok = load_policy(str(checkpoint))
     model.merge_and_unload().save_pretrained(str(out))
