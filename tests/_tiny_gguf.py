@@ -80,3 +80,27 @@ def tiny_qwen2_gguf(path: Path, *, seed: int = 0, hidden: int = 64, layers: int 
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def random_lora_checkpoint(base: Path, out: Path, *, seed: int, r: int = 4,
+                           targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")):
+    """A real PEFT checkpoint of the GGUF ``base`` (alpha = 2r, as the trainer configures it) with random A
+    and B (B non-zero, so the adapter changes the logits), recorded on its base as ``rl train`` records it;
+    returns the PEFT model (eval mode)."""
+    import json
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from fhirgym.rl import load_policy
+
+    net, _ = load_policy(str(base))
+    peft = get_peft_model(net, LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, target_modules=list(targets)))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in peft.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.3)
+    peft.save_pretrained(str(out))
+    (out / "fhirgym_base.json").write_text(json.dumps({"model": str(base)}))
+    return peft.eval()

@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 pytest.importorskip("gguf")
 
-from _tiny_gguf import tiny_qwen2_gguf  # noqa: E402
+from _tiny_gguf import random_lora_checkpoint, tiny_qwen2_gguf  # noqa: E402
 from fhirgym.agents import BackendError, LocalBackend, make_backend  # noqa: E402
 from fhirgym.rl import load_policy, merge_into_gguf, write_lora_gguf  # noqa: E402
 from fhirgym.rl._export import gguf_header  # noqa: E402
@@ -36,18 +36,7 @@ PEFT_TOL = 1e-4
 def _checkpoint(base, out, seed, targets=TARGETS):
     """A real PEFT checkpoint of ``base`` (r 4, alpha 8, as the trainer configures it: alpha = 2r) with
     random A and B, recorded on its GGUF base as ``rl train`` records it."""
-    from peft import LoraConfig, get_peft_model
-
-    net, _ = load_policy(str(base))
-    peft = get_peft_model(net, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=targets))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in peft.named_parameters():
-            if "lora_" in name:
-                param.copy_(torch.randn(param.shape, generator=gen) * 0.3)
-    peft.save_pretrained(str(out))
-    (out / "fhirgym_base.json").write_text(json.dumps({"model": str(base)}))
-    return peft.eval()
+    return random_lora_checkpoint(base, out, seed=seed, targets=tuple(targets))
 
 
 @pytest.fixture(scope="module")

@@ -1088,18 +1088,27 @@ def _rl_common(fn):
 @click.option("--resume", is_flag=True, help="Go on from the last checkpoint in --out.")
 @click.option("--time-limit", type=float, default=None,
               help="Minutes of training: stop at the first rollout-batch boundary past it (then save as usual).")
+@click.option("--rollouts", type=click.Choice(["auto", "llama.cpp", "torch"]), default="auto", show_default=True,
+              help="What generates rollouts: llama.cpp (auto: on a GGUF base) or TRL's torch generation.")
+@click.option("--grammar", is_flag=True, help="llama.cpp rollouts: sample each turn under the local agent's grammar.")
+@click.option("--is-mode", type=click.Choice(["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]),
+              default="token_truncate", show_default=True,
+              help="llama.cpp rollouts: TRL's importance-sampling correction of the sampler/trainer mismatch.")
+@click.option("--is-cap", type=float, default=2.0, show_default=True, help="Its cap on the importance weights.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
-def rl_train(recipe: str, model: str, track: str, selector: str, per_family: int, config: str, example: bool,
-             max_turns: int | None, max_new_tokens: int | None, world_seed: int, patients: int,
-             qa_per_template: int, qa_seed: int, threads: int | None, dtype: str, steps: int, group_size: int | None, prompts_per_batch: int,
-             updates_per_batch: int | None, lr: float | None, lora_r: int, save_steps: int, seed: int, resume: bool,
-             time_limit: float | None, out: Path) -> None:
-    """GRPO with LoRA on the CPU (TRL's GRPOTrainer; needs `pip install 'fhirgym[rl]'`). Writes checkpoints,
-    curve.jsonl and curve.png as it goes, then final/ (the LoRA adapter) and summary.json."""
+def rl_train(recipe: str, model: str, track: str, selector: str, per_family: int, config: str,
+             example: bool, max_turns: int | None, max_new_tokens: int | None, world_seed: int, patients: int,
+             qa_per_template: int, qa_seed: int, threads: int | None, dtype: str, steps: int, group_size: int | None,
+             prompts_per_batch: int, updates_per_batch: int | None, lr: float | None, lora_r: int, save_steps: int,
+             seed: int, resume: bool, time_limit: float | None, rollouts: str, grammar: bool,
+             is_mode: str, is_cap: float, out: Path) -> None:
+    """GRPO with LoRA on the CPU (TRL's GRPOTrainer; needs `pip install 'fhirgym[rl]'`). Rollouts by llama.cpp
+    on a GGUF base (the current LoRA swapped in before each batch, the sampler mismatch corrected). Writes
+    checkpoints, curve.jsonl/png and rollouts.jsonl as it goes, then final/, behaviour.jsonl and summary.json."""
     try:
         import trl  # noqa: F401
 
-        from .rl import TrainSpec, train
+        from .rl import TrainSpec, behaviour_table, train
     except ImportError as exc:
         raise click.ClickException(f"rl train needs the rl extra: pip install 'fhirgym[rl]' ({exc})") from None
     world, qa = _qa_world(world_seed, patients, qa_per_template, qa_seed)
@@ -1107,12 +1116,17 @@ def rl_train(recipe: str, model: str, track: str, selector: str, per_family: int
                      world=world, qa=qa, config=config, example=example, max_steps=steps, group_size=group_size,
                      prompts_per_batch=prompts_per_batch, updates_per_batch=updates_per_batch, max_turns=max_turns,
                      max_new_tokens=max_new_tokens, lr=lr, lora_r=lora_r, save_steps=save_steps, seed=seed,
-                     resume=resume, threads=threads, time_limit_min=time_limit, dtype=dtype)
+                     resume=resume, threads=threads, time_limit_min=time_limit, dtype=dtype,
+                     rollouts=rollouts, grammar=grammar,
+                     is_mode=is_mode, is_cap=is_cap)
     try:
         summary = train(spec)
     except (ValueError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from None
+    behaviour = summary.pop("behaviour")
     click.echo(json.dumps(summary, indent=1))
+    if behaviour:
+        click.echo("behaviour per step (rollouts.jsonl → behaviour.jsonl):\n" + behaviour_table(behaviour))
 
 
 @rl_group.command("eval")

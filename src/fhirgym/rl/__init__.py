@@ -11,11 +11,15 @@ Adapters: ``skyrl_env_class()``/``register_skyrl()`` (skyrl-gym's ``BaseTextEnv`
 ``load_recipe("clip-higher")`` → ``trl_args`` / ``skyrl_overrides``; ``write_launch`` writes a SkyRL run.
 CPU training (``pip install 'fhirgym[rl]'``): ``train(TrainSpec(out, recipe, model, track))`` on TRL's
 GRPOTrainer with LoRA; ``rl_eval(model, tokenizer, n=4)`` is the evaluation protocol (docs/RL.md).
+On a GGUF base llama.cpp generates the rollouts (``LlamaRollouts``: TRL's ``rollout_func``, the LoRA
+swapped in before each batch, TRL's importance-sampling correction of the sampler/trainer mismatch on);
+``behaviour_summary`` reads what the policy did per step from ``rollouts.jsonl``.
 Behaviour cloning (docs/TRAINING.md): ``write_trajectories(out, Selection(...))`` replays the reference
 solutions as a local model's turns; ``sft(SftSpec(out, data))`` trains on them with TRL's SFTTrainer.
 """
 
 from ._adapters import FhirTextEnv, register_skyrl, skyrl_env_class, trl_environment, trl_reward
+from ._behaviour import behaviour_of, behaviour_summary, behaviour_table
 from ._data import (
     DEFAULT_QA,
     DEFAULT_WORLD,
@@ -30,6 +34,7 @@ from ._evaluate import pass_at_k, rl_eval
 from ._export import base_of, merge_into_gguf, merge_to_hf, write_lora_gguf
 from ._recipes import Recipe, load_recipe, recipe_names, skyrl_overrides, trl_args
 from ._reward import RewardSpec
+from ._rollout import LlamaRollouts, Rollout, llama_trainer_class
 from ._sft import SftSpec, build_sft, sft
 from ._skyrl_launch import PAPER_DEFAULTS, launch_overrides, write_launch
 from ._text import TEXT_BUDGET, TextEpisode, TextStep, tool_block
@@ -54,10 +59,12 @@ __all__ = [
     "SPLITS",
     "TEXT_BUDGET",
     "FhirTextEnv",
+    "LlamaRollouts",
     "NotExpressible",
     "OverlapError",
     "Recipe",
     "RewardSpec",
+    "Rollout",
     "Selection",
     "SftSpec",
     "TextEpisode",
@@ -65,6 +72,9 @@ __all__ = [
     "TrainSpec",
     "Trajectory",
     "base_of",
+    "behaviour_of",
+    "behaviour_summary",
+    "behaviour_table",
     "build_sft",
     "build_trainer",
     "build_trajectories",
@@ -72,6 +82,7 @@ __all__ = [
     "expert_trajectory",
     "instance_for",
     "launch_overrides",
+    "llama_trainer_class",
     "load_policy",
     "load_recipe",
     "merge_into_gguf",

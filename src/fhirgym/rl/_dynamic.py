@@ -40,13 +40,14 @@ def mask_flat_groups(batch: dict[str, Any], group_size: int) -> tuple[dict[str, 
     return batch, int(flat.sum())
 
 
-def dynamic_trainer_class() -> type:
-    """``GRPOTrainer`` with :func:`mask_flat_groups` applied to every generation batch (built on first use:
-    TRL is an optional dependency). One process only: with several, a process's slice of the batch need
-    not hold whole groups."""
-    from trl import GRPOTrainer
+def dynamic_trainer_class(base: type | None = None) -> type:
+    """``base`` (default ``GRPOTrainer``) with :func:`mask_flat_groups` applied to every generation batch
+    (built on first use: TRL is an optional dependency). One process only: with several, a process's slice
+    of the batch need not hold whole groups."""
+    if base is None:
+        from trl import GRPOTrainer as base
 
-    class DynamicSamplingGRPOTrainer(GRPOTrainer):
+    class DynamicSamplingGRPOTrainer(base):  # type: ignore[misc, valid-type]
         """GRPO plus dynamic sampling by masking (see :mod:`fhirgym.rl._dynamic`)."""
 
         def _generate_and_score_completions(self, inputs):

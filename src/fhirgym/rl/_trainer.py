@@ -5,8 +5,14 @@
 :func:`episode_reward`), maps the recipe with :func:`trl_args`, adds dynamic sampling by masking where the
 recipe asks for it (:mod:`fhirgym.rl._dynamic`), and writes as it goes: checkpoints (``checkpoint-N``,
 resumed with ``resume=True``), ``curve.jsonl`` (one line per optimiser step: reward, its spread, the share
-of flat groups, clip ratios, wall time), ``curve.png`` and ``rollouts.jsonl`` (every rollout and its
-reward). The progress bar is the Trainer's.
+of flat groups, clip ratios, the sampler mismatch, the behaviour figures, wall time), ``curve.png`` and
+``rollouts.jsonl`` (every rollout, its reward and what the policy did: :mod:`fhirgym.rl._behaviour`), and at
+the end ``behaviour.jsonl`` (the behaviour per step). The progress bar is the Trainer's.
+
+Rollouts (``rollouts``): on a GGUF base llama.cpp generates them (:mod:`fhirgym.rl._rollout`: TRL's
+``rollout_func``, the current LoRA swapped in before every batch, the sampler/trainer mismatch logged and
+corrected with truncated importance weights); ``torch`` keeps TRL's own generation (``model.generate``
+with the episode as ``environment_factory``), the only choice for a Hugging Face model.
 
 Weights (:func:`load_policy`): a local model name (``qwen2.5-coder-0.5b``, the GGUF fhirgym assembles,
 dequantised to fp32 by transformers with the ``gguf`` package), a path to a ``.gguf`` file, a directory
@@ -23,10 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from ._adapters import trl_environment, trl_reward, trl_tool_parsing
+from ._behaviour import FIGURES, behaviour_of, behaviour_summary, figures
 from ._data import DEFAULT_QA, DEFAULT_WORLD, dataset_rows
 from ._dynamic import dynamic_trainer_class
 from ._policy import BASE_FILE, load_policy
 from ._recipes import load_recipe, trl_args
+from ._rollout import IS_CAP, IS_MODE, IS_MODES, LlamaRollouts, llama_trainer_class, rollout_base
 
 #: The default trainable model: the 0.5B GGUF fhirgym already assembles for local evaluation.
 DEFAULT_POLICY = "qwen2.5-coder-0.5b"
@@ -64,23 +72,49 @@ def episode_reward(completions: list, environments: list | None = None, **_: Any
     return [trl_reward(env, final_text(c)) for env, c in zip(environments, completions, strict=True)]
 
 
+def _log_rollouts(path: Path, step: int | None, rows: list[dict], log_metric: Any) -> None:
+    """Append the rollouts of one generation batch to ``rollouts.jsonl`` and log their behaviour figures."""
+    with open(path, "a") as fh:
+        for i, row in enumerate(rows):
+            fh.write(json.dumps({"step": step, "rollout": i, **row}, default=str) + "\n")
+    if log_metric is not None:
+        for name, value in figures([r["behaviour"] for r in rows]).items():
+            log_metric(name, value)
+
+
 def _logged_reward(path: Path):
     """:func:`episode_reward` that also appends each rollout to ``rollouts.jsonl`` (optimiser step, question,
-    reward, the whole completion with its tool results), so what a reward paid for can be read back."""
+    reward, what the policy did, the whole completion with its tool results), so what a reward paid for can
+    be read back."""
 
     def episode_reward_logged(completions: list, environments: list | None = None, trainer_state: Any = None,
-                              extra_info: list | None = None, **_: Any) -> list[float]:
+                              extra_info: list | None = None, log_metric: Any = None, **_: Any) -> list[float]:
         rewards = episode_reward(completions, environments)
         step = trainer_state.global_step + 1 if trainer_state is not None else None
-        with open(path, "a") as fh:
-            for i, (completion, reward) in enumerate(zip(completions, rewards, strict=True)):
-                fh.write(json.dumps({"step": step, "rollout": i, "reward": reward,
-                                     "extra_info": extra_info[i] if extra_info else None,
-                                     "completion": completion}, default=str) + "\n")
+        rows = [{"reward": reward, "extra_info": extra_info[i] if extra_info else None,
+                 "behaviour": behaviour_of(env.text, env.text.episode.answer), "completion": completion}
+                for i, (env, completion, reward) in enumerate(zip(environments or [], completions, rewards,
+                                                                  strict=True))]
+        _log_rollouts(path, step, rows, log_metric)
         return rewards
 
     episode_reward_logged.__name__ = "episode_reward"  # TRL names the reward's log columns after it
     return episode_reward_logged
+
+
+def _rollout_reward(path: Path):
+    """The reward of llama.cpp rollouts: each episode's own (:class:`LlamaRollouts` ran and judged it), with
+    the rollouts logged as :func:`_logged_reward` logs them."""
+
+    def episode_reward(completions: list, episode_reward: list | None = None, rollout: list | None = None,
+                       trainer_state: Any = None, log_metric: Any = None, **_: Any) -> list[float]:
+        if episode_reward is None or rollout is None:
+            raise RuntimeError("the llama.cpp rollout reward needs the rollout function's episode_reward and rollout")
+        step = trainer_state.global_step + 1 if trainer_state is not None else None
+        _log_rollouts(path, step, list(rollout), log_metric)
+        return [float(r) for r in episode_reward]
+
+    return episode_reward
 
 
 @dataclass
@@ -112,6 +146,28 @@ class TrainSpec:
     resume: bool = False
     threads: int | None = None
     time_limit_min: float | None = None  # stop at the first rollout-batch boundary past this wall time
+    rollouts: str = "auto"  # ROLLOUTS: llama.cpp on a GGUF base, else torch
+    grammar: bool = False  # llama.cpp rollouts: each turn under the local agent's turn grammar
+    is_mode: str = IS_MODE  # the sampler correction (TRL's vllm_importance_sampling_mode)
+    is_cap: float = IS_CAP  # its truncation (TRL's vllm_importance_sampling_clip_max)
+    n_ctx: int = 8192  # llama.cpp rollouts: the context (prompt and completion)
+
+
+#: How rollouts are generated: ``auto`` (llama.cpp where the base is a GGUF), ``llama.cpp``, ``torch``.
+ROLLOUTS = ("auto", "llama.cpp", "torch")
+
+
+def rollout_engine(spec: TrainSpec) -> str:
+    """``llama.cpp`` or ``torch``: what generates this run's rollouts."""
+    if spec.rollouts not in ROLLOUTS:
+        raise ValueError(f"rollouts {spec.rollouts!r}: one of {', '.join(ROLLOUTS)}")
+    if spec.rollouts == "torch":
+        return "torch"
+    if rollout_base(spec.model) is None:
+        if spec.rollouts == "llama.cpp":
+            raise ValueError(f"llama.cpp rollouts need a GGUF base; {spec.model!r} is none (use torch rollouts)")
+        return "torch"
+    return "llama.cpp"
 
 
 def grpo_args(spec: TrainSpec) -> dict[str, Any]:
@@ -131,11 +187,29 @@ def grpo_args(spec: TrainSpec) -> dict[str, Any]:
         args["max_completion_length"] = spec.max_new_tokens
     if spec.lr:
         args["learning_rate"] = spec.lr
+    if rollout_engine(spec) == "llama.cpp":
+        if spec.is_mode not in IS_MODES:
+            raise ValueError(f"is_mode {spec.is_mode!r}: one of {', '.join(IS_MODES)}")
+        if not spec.is_cap > 1:
+            raise ValueError(f"is_cap {spec.is_cap}: the weights' cap must be above 1")
+        args.update(vllm_importance_sampling_correction=True, vllm_importance_sampling_mode=spec.is_mode,
+                    vllm_importance_sampling_clip_max=spec.is_cap)
     args.update(output_dir=str(spec.out), use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
                 max_steps=spec.max_steps, logging_steps=1, save_steps=spec.save_steps, save_strategy="steps",
                 report_to="none", seed=spec.seed, data_seed=spec.seed, disable_tqdm=False, dataloader_num_workers=0,
                 remove_unused_columns=False, log_completions=False, num_train_epochs=1)
     return args
+
+
+#: What ``curve.jsonl`` keeps of the trainer's logs (those present on a step).
+CURVE_KEYS = ("reward", "reward_std", "frac_reward_zero_std", "loss", "clip_ratio/region_mean",
+              "clip_ratio/high_mean", "clip_ratio/low_mean", "dynamic/masked_group_frac", "completions/mean_length",
+              "tools/call_frequency", "kl", *FIGURES,
+              # the sampler/trainer mismatch and its correction (llama.cpp rollouts: fhirgym.rl._rollout)
+              "sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max", "sampling/kl",
+              "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
+              "sampling/importance_sampling_ratio/max", "rollout/seconds", "rollout/export_s", "rollout/swap_s",
+              "rollout/model_tokens_per_s", "rollout/truncated_frac")
 
 
 def _curve_callback(path: Path, plot: Path, t0: float):
@@ -150,10 +224,7 @@ def _curve_callback(path: Path, plot: Path, t0: float):
             if "loss" not in logs:  # the run's closing summary
                 return
             row = {"step": state.global_step, "wall_s": round(time.perf_counter() - t0, 1),
-                   **{k: logs[k] for k in ("reward", "reward_std", "frac_reward_zero_std", "loss",
-                                           "clip_ratio/region_mean", "clip_ratio/high_mean", "clip_ratio/low_mean",
-                                           "dynamic/masked_group_frac", "completions/mean_length",
-                                           "tools/call_frequency", "kl") if k in logs}}
+                   **{k: logs[k] for k in CURVE_KEYS if k in logs}}
             with open(path, "a") as fh:
                 fh.write(json.dumps(row) + "\n")
             plot_curve(path, plot)
@@ -245,19 +316,36 @@ def build_trainer(spec: TrainSpec, model: Any = None, tokenizer: Any = None) -> 
                         example=spec.example)
     if not rows:
         raise ValueError(f"--tasks {spec.tasks!r} gives no training rows on the {spec.track} track")
-    for r in rows:
-        r["prompt"] = trl_prompt(r["prompt"])
+    engine = rollout_engine(spec)
     if model is None:
         model, tokenizer = load_policy(spec.model, dtype=spec.dtype)
-    tokenizer = trl_tool_parsing(tokenizer, spec.config)
+    peft_config = None
+    if hasattr(model, "peft_config"):  # a LoRA checkpoint (a warm start): train its adapter on
+        for name, param in model.named_parameters():
+            if "lora_" in name:
+                param.requires_grad_(True)
+    else:
+        peft_config = LoraConfig(r=spec.lora_r, lora_alpha=2 * spec.lora_r, lora_dropout=0.0,
+                                 target_modules=list(LORA_TARGETS), task_type="CAUSAL_LM")
     spec.out.mkdir(parents=True, exist_ok=True)
     (spec.out / "train_spec.json").write_text(json.dumps(asdict(spec), default=str, indent=1))
-    cls = dynamic_trainer_class() if recipe.dynamic else GRPOTrainer
-    lora = LoraConfig(r=spec.lora_r, lora_alpha=2 * spec.lora_r, lora_dropout=0.0, target_modules=list(LORA_TARGETS),
-                      task_type="CAUSAL_LM")
-    trainer = cls(model=model, processing_class=tokenizer, reward_funcs=[_logged_reward(spec.out / "rollouts.jsonl")],
-                  args=GRPOConfig(**grpo_args(spec)), train_dataset=Dataset.from_list(rows),
-                  environment_factory=trl_environment(spec.config), peft_config=lora)
+    args = GRPOConfig(**grpo_args(spec))
+    common = dict(model=model, processing_class=tokenizer, args=args, peft_config=peft_config)
+    if engine == "llama.cpp":
+        base = rollout_base(spec.model)
+        rollouts = LlamaRollouts(base, config=spec.config, seed=spec.seed, n_ctx=spec.n_ctx, threads=spec.threads,
+                                 grammar=spec.grammar, workdir=spec.out / "rollout-lora")
+        (spec.out / "rollout-lora").mkdir(exist_ok=True)
+        trainer = llama_trainer_class(recipe.dynamic)(
+            **common, reward_funcs=[_rollout_reward(spec.out / "rollouts.jsonl")],
+            train_dataset=Dataset.from_list(rows), rollouts=rollouts)
+    else:
+        for r in rows:
+            r["prompt"] = trl_prompt(r["prompt"])
+        cls = dynamic_trainer_class() if recipe.dynamic else GRPOTrainer
+        trainer = cls(**{**common, "processing_class": trl_tool_parsing(tokenizer, spec.config)},
+                      reward_funcs=[_logged_reward(spec.out / "rollouts.jsonl")], train_dataset=Dataset.from_list(rows),
+                      environment_factory=trl_environment(spec.config))
     t0 = time.perf_counter()
     trainer.add_callback(_curve_callback(spec.out / "curve.jsonl", spec.out / "curve.png", t0))
     trainer.add_callback(_base_callback(spec))
@@ -271,7 +359,7 @@ def train(spec: TrainSpec, model: Any = None, tokenizer: Any = None) -> dict[str
     trainer = build_trainer(spec, model, tokenizer)
     checkpoint = _last_checkpoint(spec.out) if spec.resume else None
     if not spec.resume:  # a fresh run starts a fresh curve and rollout log
-        for name in ("curve.jsonl", "rollouts.jsonl"):
+        for name in ("curve.jsonl", "rollouts.jsonl", "behaviour.jsonl"):
             (spec.out / name).unlink(missing_ok=True)
     t0 = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=checkpoint)
@@ -288,6 +376,11 @@ def train(spec: TrainSpec, model: Any = None, tokenizer: Any = None) -> dict[str
                "rollouts_per_min": round(60 * rollouts / wall, 3) if wall else None,
                "stopped_by": ("time_limit" if spec.time_limit_min is not None
                               and trainer.state.global_step < spec.max_steps else "steps"),
-               "resumed_from": checkpoint, "final": str(final), "train_loss": result.training_loss}
+               "resumed_from": checkpoint, "final": str(final), "train_loss": result.training_loss,
+               "rollout_engine": rollout_engine(spec)}
+    behaviour = behaviour_summary(spec.out / "rollouts.jsonl") if (spec.out / "rollouts.jsonl").is_file() else []
+    with open(spec.out / "behaviour.jsonl", "w") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in behaviour)
+    summary["behaviour"] = behaviour
     (spec.out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
