@@ -204,17 +204,35 @@ def _model_tokens(batch, i):
     return prompt, completion, model
 
 
-def test_training_swaps_the_lora_into_the_sampler_before_every_batch(tiny, world, tmp_path):
-    """A warm start from a LoRA checkpoint, two rollout batches of one optimiser step each: on both, the
-    sampler's log-probabilities equal the trainer's (old_per_token_logps) on the same tokens, the first
-    batch's with the checkpoint's adapter (not the bare base), the second's with the adapter after the
-    update (not the checkpoint's any more): the adapter was exported and swapped in before each batch."""
-    from fhirgym.rl import build_trainer
+def _accepted_curriculum(path, model, world):
+    """A curriculum file as `rl curriculum` writes it (one row of TASK), whose floors lie below the start."""
+    rows = dataset_rows("action", "train", tasks=TASK, per_family=1, world=world, max_turns=2, config="read")
+    spec = {"model": model, "track": "action", "tasks": TASK, "per_family": 1, "episodes": 4, "low": 0.2,
+            "high": 0.8, "world": world, "qa": {"per_template": 20, "seed": 0}, "config": "read", "example": False,
+            "max_turns": 2, "max_new_tokens": 48}
+    path.write_text(json.dumps({
+        "version": 1, "spec": spec, "kept": [TASK], "rows": [{"task_id": TASK, "seed": r["extra_info"]["seed"],
+                                                              "question_id": None} for r in rows],
+        "start_mean_reward": 0.5, "floors": {"nothing-found": 0.0, "nothing-found after a look": 0.25, "guess": 0.0}}))
+    return path
 
-    spec = TrainSpec(out=tmp_path / "run", model=str(tiny["ck"]), tasks=TASK, per_family=1, world=world, config="read",
-                     max_steps=2, group_size=4, prompts_per_batch=1, updates_per_batch=1, max_turns=2,
-                     max_new_tokens=48, lr=5e-2, lora_r=4, save_steps=10, seed=0, threads=1)
+
+def test_training_swaps_the_lora_into_the_sampler_before_every_batch(tiny, world, tmp_path, monkeypatch):
+    """A warm start from a LoRA checkpoint on an accepted curriculum, two rollout batches of one optimiser
+    step each: on both, the sampler's log-probabilities equal the trainer's (old_per_token_logps) on the
+    same tokens, the first batch's with the checkpoint's adapter (not the bare base), the second's with the
+    adapter after the update (not the checkpoint's any more): the adapter was exported and swapped in
+    before each batch. The curve is drawn with the curriculum's floors."""
+    from fhirgym.rl import _trainer, build_trainer
+
+    drawn = []
+    plot = _trainer.plot_curve
+    monkeypatch.setattr(_trainer, "plot_curve", lambda *a, **k: drawn.append(k.get("floors")) or plot(*a, **k))
+    cur = _accepted_curriculum(tmp_path / "cur.json", str(tiny["ck"]), world)
+    spec = TrainSpec(out=tmp_path / "run", model=str(tiny["ck"]), curriculum=str(cur), max_steps=2, group_size=4,
+                     prompts_per_batch=1, updates_per_batch=1, lr=5e-2, lora_r=4, save_steps=10, seed=0, threads=1)
     trainer = build_trainer(spec)
+    assert (spec.tasks, spec.config, spec.max_turns, spec.max_new_tokens) == (TASK, "read", 2, 48)
     assert type(trainer).__name__ == "LlamaRolloutTrainer" and trainer.use_vllm and not trainer.args.use_vllm
     trainer.mask_truncated_completions = False  # a random model seldom ends a reply within 48 tokens
     engine = trainer.rollout_func
@@ -251,6 +269,8 @@ def test_training_swaps_the_lora_into_the_sampler_before_every_batch(tiny, world
         assert row["sampling/importance_sampling_ratio/min"] == pytest.approx(1, abs=1e-3)
         assert row["rollout/export_s"] > 0 and "behaviour/mean_calls" in row
     assert [p.name for p in (spec.out / "rollout-lora").glob("*.gguf")] == ["lora-step1.gguf"]
+    assert drawn == [{"start policy": 0.5, "constant: nothing-found": 0.0,
+                      "constant: nothing-found after a look": 0.25, "constant: guess": 0.0}] * 2
     assert (spec.out / "curve.png").stat().st_size > 1000
 
 

@@ -1088,6 +1088,9 @@ def _rl_common(fn):
 @click.option("--resume", is_flag=True, help="Go on from the last checkpoint in --out.")
 @click.option("--time-limit", type=float, default=None,
               help="Minutes of training: stop at the first rollout-batch boundary past it (then save as usual).")
+@click.option("--curriculum", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="A file of `fhirgym rl curriculum`: train on its rows (refused if a constant reply earns at least "
+                   "the start policy's mean reward there); its floors are drawn on the curve.")
 @click.option("--rollouts", type=click.Choice(["auto", "llama.cpp", "torch"]), default="auto", show_default=True,
               help="What generates rollouts: llama.cpp (auto: on a GGUF base) or TRL's torch generation.")
 @click.option("--grammar", is_flag=True, help="llama.cpp rollouts: sample each turn under the local agent's grammar.")
@@ -1096,11 +1099,12 @@ def _rl_common(fn):
               help="llama.cpp rollouts: TRL's importance-sampling correction of the sampler/trainer mismatch.")
 @click.option("--is-cap", type=float, default=2.0, show_default=True, help="Its cap on the importance weights.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
-def rl_train(recipe: str, model: str, track: str, selector: str, per_family: int, config: str,
+@click.pass_context
+def rl_train(ctx: click.Context, recipe: str, model: str, track: str, selector: str, per_family: int, config: str,
              example: bool, max_turns: int | None, max_new_tokens: int | None, world_seed: int, patients: int,
              qa_per_template: int, qa_seed: int, threads: int | None, dtype: str, steps: int, group_size: int | None,
              prompts_per_batch: int, updates_per_batch: int | None, lr: float | None, lora_r: int, save_steps: int,
-             seed: int, resume: bool, time_limit: float | None, rollouts: str, grammar: bool,
+             seed: int, resume: bool, time_limit: float | None, curriculum: Path | None, rollouts: str, grammar: bool,
              is_mode: str, is_cap: float, out: Path) -> None:
     """GRPO with LoRA on the CPU (TRL's GRPOTrainer; needs `pip install 'fhirgym[rl]'`). Rollouts by llama.cpp
     on a GGUF base (the current LoRA swapped in before each batch, the sampler mismatch corrected). Writes
@@ -1111,13 +1115,20 @@ def rl_train(recipe: str, model: str, track: str, selector: str, per_family: int
         from .rl import TrainSpec, behaviour_table, train
     except ImportError as exc:
         raise click.ClickException(f"rl train needs the rl extra: pip install 'fhirgym[rl]' ({exc})") from None
+    if curriculum is not None:
+        named = [f"--{name.replace('_', '-')}" for name in ("track", "selector", "per_family", "config", "example",
+                                                              "world_seed", "patients", "qa_per_template", "qa_seed")
+                 if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
+        if named:
+            raise click.UsageError(f"--curriculum names the rows and how they were measured: drop "
+                                   f"{', '.join(n.replace('--selector', '--tasks') for n in named)}")
     world, qa = _qa_world(world_seed, patients, qa_per_template, qa_seed)
     spec = TrainSpec(out=out, recipe=recipe, model=model, track=track, tasks=selector, per_family=per_family,
                      world=world, qa=qa, config=config, example=example, max_steps=steps, group_size=group_size,
                      prompts_per_batch=prompts_per_batch, updates_per_batch=updates_per_batch, max_turns=max_turns,
                      max_new_tokens=max_new_tokens, lr=lr, lora_r=lora_r, save_steps=save_steps, seed=seed,
                      resume=resume, threads=threads, time_limit_min=time_limit, dtype=dtype,
-                     rollouts=rollouts, grammar=grammar,
+                     curriculum=str(curriculum) if curriculum else None, rollouts=rollouts, grammar=grammar,
                      is_mode=is_mode, is_cap=is_cap)
     try:
         summary = train(spec)
@@ -1127,6 +1138,58 @@ def rl_train(recipe: str, model: str, track: str, selector: str, per_family: int
     click.echo(json.dumps(summary, indent=1))
     if behaviour:
         click.echo("behaviour per step (rollouts.jsonl → behaviour.jsonl):\n" + behaviour_table(behaviour))
+
+
+@rl_group.command("curriculum")
+@click.option("--model", default="qwen2.5-coder-0.5b", show_default=True,
+              help="The start policy: qwen2.5-coder-0.5b/1.5b, a .gguf path, or a LoRA checkpoint on one (warm start).")
+@click.option("--track", type=click.Choice(["action", "qa"]), default="action", show_default=True)
+@click.option("--tasks", "selector", default="all", show_default=True,
+              help="Candidate families (QA: qa.<template> ids or globs).")
+@click.option("--per-family", default=4, show_default=True, help="Train rows per family (QA: per template).")
+@click.option("--episodes", default=4, show_default=True, help="Episodes of the start policy per row (temperature 1).")
+@click.option("--low", default=0.2, show_default=True, help="Keep families whose pass rate is at least this…")
+@click.option("--high", default=0.8, show_default=True, help="…and at most this.")
+@click.option("--config", default="baseline", show_default=True, help="Configuration (tools).")
+@click.option("--example", is_flag=True, help="Prompts carry the worked example the local agent shows a small model.")
+@click.option("--max-turns", default=12, show_default=True, help="Model turns per episode (as training will use).")
+@click.option("--max-new-tokens", default=2048, show_default=True,
+              help="Tokens per completion, tool results included (as training will use).")
+@click.option("--world-seed", default=42, show_default=True)
+@click.option("--patients", default=10, show_default=True)
+@click.option("--qa-per-template", default=20, show_default=True, help="QA: size of the question set.")
+@click.option("--qa-seed", default=0, show_default=True)
+@click.option("--seed", default=0, show_default=True)
+@click.option("--threads", type=int, default=None, help="llama.cpp threads (default: all cores).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="The curriculum file (JSON).")
+def rl_curriculum(model: str, track: str, selector: str, per_family: int, episodes: int, low: float, high: float,
+                  config: str, example: bool, max_turns: int, max_new_tokens: int, world_seed: int, patients: int,
+                  qa_per_template: int, qa_seed: int, seed: int, threads: int | None, out: Path) -> None:
+    """A curriculum GRPO can learn from: the start policy's pass rate per family on train rows (llama.cpp,
+    temperature 1), the families between --low and --high kept, and on their rows what the constant replies
+    earn (nothing-found / no-answer, the same after one look, guess). `rl train --curriculum` refuses it if
+    a constant earns at least the start policy's mean reward."""
+    from .rl import CurriculumSpec, measure_curriculum
+
+    world, qa = _qa_world(world_seed, patients, qa_per_template, qa_seed)
+    spec = CurriculumSpec(model=model, track=track, tasks=selector, per_family=per_family, episodes=episodes, low=low,
+                          high=high, world=world, qa=qa, config=config, example=example, max_turns=max_turns,
+                          max_new_tokens=max_new_tokens, seed=seed, threads=threads)
+
+    def progress(task: str, fig: dict) -> None:
+        click.echo(f"{task:44} pass {fig['passes']:3}/{fig['episodes']:<3} ({fig['pass_rate']:4.0%})  "
+                   f"reward {fig['mean_reward']:.2f}  {'kept' if fig['kept'] else 'dropped'}")
+
+    try:
+        cur = measure_curriculum(spec, out, progress)
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if cur["start_mean_reward"] is not None:
+        click.echo(f"{len(cur['kept'])} families, {len(cur['rows'])} rows kept: start policy {cur['start_mean_reward']:.3f}; "
+                   "constant replies " + ", ".join(f"{k} {v:.3f}" for k, v in cur["floors"].items()))
+    click.echo(f"→ {out}")
+    if cur["refused"]:
+        click.echo(f"rl train will refuse it: {cur['refused']}", err=True)
 
 
 @rl_group.command("eval")

@@ -13,13 +13,24 @@ CPU training (``pip install 'fhirgym[rl]'``): ``train(TrainSpec(out, recipe, mod
 GRPOTrainer with LoRA; ``rl_eval(model, tokenizer, n=4)`` is the evaluation protocol (docs/RL.md).
 On a GGUF base llama.cpp generates the rollouts (``LlamaRollouts``: TRL's ``rollout_func``, the LoRA
 swapped in before each batch, TRL's importance-sampling correction of the sampler/trainer mismatch on);
-``behaviour_summary`` reads what the policy did per step from ``rollouts.jsonl``.
+``measure_curriculum(CurriculumSpec(model, tasks=...), out)`` writes a curriculum ``train`` accepts only if
+no constant reply earns the start policy's reward on it (``check_curriculum``); ``behaviour_summary``
+reads what the policy did per step from ``rollouts.jsonl``.
 Behaviour cloning (docs/TRAINING.md): ``write_trajectories(out, Selection(...))`` replays the reference
 solutions as a local model's turns; ``sft(SftSpec(out, data))`` trains on them with TRL's SFTTrainer.
 """
 
 from ._adapters import FhirTextEnv, register_skyrl, skyrl_env_class, trl_environment, trl_reward
 from ._behaviour import behaviour_of, behaviour_summary, behaviour_table
+from ._curriculum import (
+    CONSTANTS,
+    CurriculumSpec,
+    ShortcutCurriculum,
+    check_curriculum,
+    constant_reward,
+    load_curriculum,
+    measure_curriculum,
+)
 from ._data import (
     DEFAULT_QA,
     DEFAULT_WORLD,
@@ -51,6 +62,7 @@ from ._trajectories import (
 )
 
 __all__ = [
+    "CONSTANTS",
     "DEFAULT_POLICY",
     "DEFAULT_QA",
     "DEFAULT_WORLD",
@@ -58,6 +70,7 @@ __all__ = [
     "PAPER_DEFAULTS",
     "SPLITS",
     "TEXT_BUDGET",
+    "CurriculumSpec",
     "FhirTextEnv",
     "LlamaRollouts",
     "NotExpressible",
@@ -67,6 +80,7 @@ __all__ = [
     "Rollout",
     "Selection",
     "SftSpec",
+    "ShortcutCurriculum",
     "TextEpisode",
     "TextStep",
     "TrainSpec",
@@ -78,13 +92,17 @@ __all__ = [
     "build_sft",
     "build_trainer",
     "build_trajectories",
+    "check_curriculum",
+    "constant_reward",
     "dataset_rows",
     "expert_trajectory",
     "instance_for",
     "launch_overrides",
     "llama_trainer_class",
+    "load_curriculum",
     "load_policy",
     "load_recipe",
+    "measure_curriculum",
     "merge_into_gguf",
     "merge_to_hf",
     "pass_at_k",

@@ -12,7 +12,9 @@ the end ``behaviour.jsonl`` (the behaviour per step). The progress bar is the Tr
 Rollouts (``rollouts``): on a GGUF base llama.cpp generates them (:mod:`fhirgym.rl._rollout`: TRL's
 ``rollout_func``, the current LoRA swapped in before every batch, the sampler/trainer mismatch logged and
 corrected with truncated importance weights); ``torch`` keeps TRL's own generation (``model.generate``
-with the episode as ``environment_factory``), the only choice for a Hugging Face model.
+with the episode as ``environment_factory``), the only choice for a Hugging Face model. A curriculum file
+(``curriculum``, :mod:`fhirgym.rl._curriculum`) names the rows and is refused when a constant reply earns
+at least the start policy's mean reward on it; its floors are drawn on the curve.
 
 Weights (:func:`load_policy`): a local model name (``qwen2.5-coder-0.5b``, the GGUF fhirgym assembles,
 dequantised to fp32 by transformers with the ``gguf`` package), a path to a ``.gguf`` file, a directory
@@ -30,6 +32,7 @@ from typing import Any
 
 from ._adapters import trl_environment, trl_reward, trl_tool_parsing
 from ._behaviour import FIGURES, behaviour_of, behaviour_summary, figures
+from ._curriculum import curriculum_rows, load_curriculum
 from ._data import DEFAULT_QA, DEFAULT_WORLD, dataset_rows
 from ._dynamic import dynamic_trainer_class
 from ._policy import BASE_FILE, load_policy
@@ -150,6 +153,7 @@ class TrainSpec:
     grammar: bool = False  # llama.cpp rollouts: each turn under the local agent's turn grammar
     is_mode: str = IS_MODE  # the sampler correction (TRL's vllm_importance_sampling_mode)
     is_cap: float = IS_CAP  # its truncation (TRL's vllm_importance_sampling_clip_max)
+    curriculum: str | None = None  # a file of `rl curriculum`: its rows, refused if a constant reply pays
     n_ctx: int = 8192  # llama.cpp rollouts: the context (prompt and completion)
 
 
@@ -212,12 +216,13 @@ CURVE_KEYS = ("reward", "reward_std", "frac_reward_zero_std", "loss", "clip_rati
               "rollout/model_tokens_per_s", "rollout/truncated_frac")
 
 
-def _curve_callback(path: Path, plot: Path, t0: float):
+def _curve_callback(path: Path, plot: Path, t0: float, floors: dict[str, float] | None = None):
     from transformers import TrainerCallback
 
     class CurveWriter(TrainerCallback):
-        """Appends one line per optimiser step to ``curve.jsonl`` and redraws ``curve.png``; the reward
-        figures appear on the steps that generated (the first of each rollout batch)."""
+        """Appends one line per optimiser step to ``curve.jsonl`` and redraws ``curve.png`` (with the
+        curriculum's floors); the reward figures appear on the steps that generated (the first of each
+        rollout batch)."""
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             logs = logs or {}
@@ -227,7 +232,7 @@ def _curve_callback(path: Path, plot: Path, t0: float):
                    **{k: logs[k] for k in CURVE_KEYS if k in logs}}
             with open(path, "a") as fh:
                 fh.write(json.dumps(row) + "\n")
-            plot_curve(path, plot)
+            plot_curve(path, plot, floors=floors)
 
     return CurveWriter()
 
@@ -266,9 +271,10 @@ def _time_limit_callback(minutes: float, steps_per_batch: int, t0: float):
     return TimeLimit()
 
 
-def plot_curve(curve: Path, out: Path, key: str = "reward") -> Path:
+def plot_curve(curve: Path, out: Path, key: str = "reward", floors: dict[str, float] | None = None) -> Path:
     """``key`` per optimiser step (and its running mean) from ``curve.jsonl``, as a PNG: the reward of a
-    GRPO run (0 to 1), the loss of behaviour cloning."""
+    GRPO run (0 to 1), the loss of behaviour cloning. ``floors``: horizontal lines, by label (what the
+    constant replies and the start policy earn on the curriculum)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -282,6 +288,9 @@ def plot_curve(curve: Path, out: Path, key: str = "reward") -> Path:
     label = "mean reward of the step's completions" if key == "reward" else f"{key} of the step"
     ax.plot(steps, rewards, "o", ms=3, alpha=0.5, label=label)
     ax.plot(steps, running, "-", label="running mean (5 steps)")
+    for i, (name, value) in enumerate((floors or {}).items()):
+        ax.axhline(value, linestyle="--" if name == "start policy" else ":", linewidth=1, color=f"C{i + 2}",
+                   label=f"{name}: {value:.2f}")
     ax.set_xlabel("optimiser step")
     ax.set_ylabel(key)
     if key == "reward":
@@ -298,6 +307,25 @@ def _last_checkpoint(out: Path) -> str | None:
     return str(found[-1]) if found else None
 
 
+def _curriculum(spec: TrainSpec) -> tuple[list[dict] | None, dict[str, float] | None]:
+    """The curriculum's rows and floors (None, None without one); its settings become the spec's. Refused
+    (ShortcutCurriculum) where a constant reply pays at least the start policy's mean reward."""
+    from ._curriculum import check_curriculum, constant_names
+
+    if not spec.curriculum:
+        return None, None
+    cur = load_curriculum(spec.curriculum)
+    check_curriculum(cur, spec.model, spec.curriculum)
+    measured = cur["spec"]
+    spec.track, spec.tasks, spec.per_family = measured["track"], ",".join(cur["kept"]), measured["per_family"]
+    spec.world, spec.qa, spec.config, spec.example = measured["world"], measured["qa"], measured["config"], measured["example"]
+    spec.max_turns = spec.max_turns or measured["max_turns"]
+    spec.max_new_tokens = spec.max_new_tokens or measured["max_new_tokens"]
+    floors = {"start policy": cur["start_mean_reward"],
+              **{f"constant: {name}": cur["floors"][name] for name in constant_names(spec.track)}}
+    return curriculum_rows(cur), floors
+
+
 def build_trainer(spec: TrainSpec, model: Any = None, tokenizer: Any = None) -> Any:
     """The configured trainer (``model``/``tokenizer`` given: used as they are, e.g. a tiny test model)."""
     import os
@@ -311,9 +339,11 @@ def build_trainer(spec: TrainSpec, model: Any = None, tokenizer: Any = None) -> 
         torch.set_num_threads(spec.threads)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     recipe = load_recipe(spec.recipe)
-    rows = dataset_rows(spec.track, "train", tasks=spec.tasks, per_family=spec.per_family, world=spec.world,
-                        max_turns=spec.max_turns or recipe.max_turns, qa=spec.qa, config=spec.config,
-                        example=spec.example)
+    rows, floors = _curriculum(spec)
+    if rows is None:
+        rows = dataset_rows(spec.track, "train", tasks=spec.tasks, per_family=spec.per_family, world=spec.world,
+                            max_turns=spec.max_turns or recipe.max_turns, qa=spec.qa, config=spec.config,
+                            example=spec.example)
     if not rows:
         raise ValueError(f"--tasks {spec.tasks!r} gives no training rows on the {spec.track} track")
     engine = rollout_engine(spec)
@@ -347,7 +377,7 @@ def build_trainer(spec: TrainSpec, model: Any = None, tokenizer: Any = None) -> 
                       reward_funcs=[_logged_reward(spec.out / "rollouts.jsonl")], train_dataset=Dataset.from_list(rows),
                       environment_factory=trl_environment(spec.config))
     t0 = time.perf_counter()
-    trainer.add_callback(_curve_callback(spec.out / "curve.jsonl", spec.out / "curve.png", t0))
+    trainer.add_callback(_curve_callback(spec.out / "curve.jsonl", spec.out / "curve.png", t0, floors))
     trainer.add_callback(_base_callback(spec))
     if spec.time_limit_min is not None:
         trainer.add_callback(_time_limit_callback(spec.time_limit_min, trainer.args.steps_per_generation, t0))
