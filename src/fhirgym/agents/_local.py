@@ -373,13 +373,13 @@ class LocalBackend:
                     scaled = logits.astype(np.float64) / temperature
                     if mask is not None:
                         scaled = mask.apply(scaled)
-                    logp = scaled - _logsumexp(scaled)
-                    cdf = np.cumsum(np.exp(logp))
-                    token = int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), n_vocab - 1))
-                    if not np.isfinite(logp[token]):  # only reachable if the grammar allows nothing
+                    shifted = scaled - scaled.max()  # -inf everywhere: the grammar allows nothing
+                    cdf = np.cumsum(np.exp(shifted))
+                    if not cdf[-1] > 0:
                         raise BackendError(f"{self.name}: the grammar allows no token after {len(tokens)} tokens")
+                    token = int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), n_vocab - 1))
                     tokens.append(token)
-                    logprobs.append(float(logp[token]))
+                    logprobs.append(float(shifted[token] - np.log(cdf[-1])))
                     if mask is not None:
                         mask.accept(token)
                     if llama_cpp.llama_vocab_is_eog(vocab, token):
@@ -454,13 +454,6 @@ class LocalBackend:
 
     def _machine_lock(self) -> contextlib.AbstractContextManager[None]:
         return file_lock(models_dir() / "inference.lock") if self.exclusive else contextlib.nullcontext()
-
-
-def _logsumexp(x: Any) -> float:
-    import numpy as np
-
-    top = float(np.max(x))
-    return top + float(np.log(np.sum(np.exp(x - top))))
 
 
 class _GrammarMask:
