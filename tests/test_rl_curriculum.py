@@ -60,7 +60,7 @@ def test_the_refusal_names_the_best_paid_reply_and_both_figures():
     floors = {"nothing-found": 0.0, "nothing-found after a look": 1 / 3, "guess": 0.0}
     why = refusal(_curriculum(0.25, floors), "cur.json")
     assert why == ('curriculum cur.json: the constant reply "nothing-found after a look" earns 0.333 on its 6 rows, '
-                   "at least the start policy's mean reward 0.250 (m, 4 episodes a row): GRPO would be paid for "
+                   "at least the start policy's mean reward 0.250 (m, 4 episodes per row): GRPO would be paid for "
                    "the shortcut. Choose other families (--tasks) or a better-placed start model.")
     assert refusal(_curriculum(1 / 3, floors)) is not None  # "at least": a tie is refused
     assert refusal(_curriculum(0.5, floors)) is None

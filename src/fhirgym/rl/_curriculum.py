@@ -201,9 +201,9 @@ def refusal(cur: dict[str, Any], name: str = "the curriculum") -> str | None:
     floor = cur["floors"][reply]
     if floor >= start:
         return (f"curriculum {name}: the constant reply \"{reply}\" earns {floor:.3f} on its {len(cur['rows'])} rows, "
-                f"at least the start policy's mean reward {start:.3f} ({spec['model']}, {spec['episodes']} episodes "
-                "a row): GRPO would be paid for the shortcut. Choose other families (--tasks) or a better-placed "
-                "start model.")
+                f"at least the start policy's mean reward {start:.3f} ({spec['model']}, {spec['episodes']} "
+                f"episode{'s' if spec['episodes'] != 1 else ''} per row): GRPO would be paid for the shortcut. "
+                "Choose other families (--tasks) or a better-placed start model.")
     return None
 
 

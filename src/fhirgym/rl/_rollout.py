@@ -199,7 +199,6 @@ class LlamaRollouts:
         seeds = np.random.SeedSequence([seed]).generate_state(text.max_turns + 1)
         truncated = False
         turn = 0
-        answer = None
         while True:
             # keep one token of room: a tool result that does not fit then still shows as a cut completion
             room = min(max_completion - len(ids) - 1, self.backend.n_ctx - len(prompt_ids) - len(ids) - 1)
@@ -244,10 +243,9 @@ class LlamaRollouts:
             mask += [0] * len(suffix)
             logps += [0.0] * len(suffix)
             shown = rendered
-        answer = text.episode.answer
         info = {**step.info, "stop": "length" if truncated else step.info.get("stop")}
         return Rollout(prompt_ids, ids, logps, mask, float(step.reward), info, messages[opening:],
-                       behaviour_of(text, answer), time.perf_counter() - started, model_tokens=sum(mask),
+                       behaviour_of(text, text.episode.answer), time.perf_counter() - started, model_tokens=sum(mask),
                        tool_tokens=len(mask) - sum(mask), truncated=truncated, extra_info=extra)
 
     def turn_grammar(self, text: Any, messages: list[dict]) -> str | None:

@@ -32,7 +32,7 @@ from typing import Any
 
 from ._adapters import trl_environment, trl_reward, trl_tool_parsing
 from ._behaviour import FIGURES, behaviour_of, behaviour_summary, figures
-from ._curriculum import curriculum_rows, load_curriculum
+from ._curriculum import check_curriculum, constant_names, curriculum_rows, load_curriculum
 from ._data import DEFAULT_QA, DEFAULT_WORLD, dataset_rows
 from ._dynamic import dynamic_trainer_class
 from ._policy import BASE_FILE, load_policy
@@ -309,18 +309,20 @@ def _last_checkpoint(out: Path) -> str | None:
 
 def _curriculum(spec: TrainSpec) -> tuple[list[dict] | None, dict[str, float] | None]:
     """The curriculum's rows and floors (None, None without one); its settings become the spec's. Refused
-    (ShortcutCurriculum) where a constant reply pays at least the start policy's mean reward."""
-    from ._curriculum import check_curriculum, constant_names
-
+    (ShortcutCurriculum) where a constant reply pays at least the start policy's mean reward, and where the
+    turn or token limits asked for are not those it was measured under."""
     if not spec.curriculum:
         return None, None
     cur = load_curriculum(spec.curriculum)
     check_curriculum(cur, spec.model, spec.curriculum)
     measured = cur["spec"]
+    for name, flag in (("max_turns", "--max-turns"), ("max_new_tokens", "--max-new-tokens")):
+        if getattr(spec, name) not in (None, measured[name]):
+            raise ValueError(f"curriculum {spec.curriculum} was measured with {flag} {measured[name]}, not "
+                             f"{getattr(spec, name)}: its pass rates are for that limit (leave it out, or measure again)")
+        setattr(spec, name, measured[name])
     spec.track, spec.tasks, spec.per_family = measured["track"], ",".join(cur["kept"]), measured["per_family"]
     spec.world, spec.qa, spec.config, spec.example = measured["world"], measured["qa"], measured["config"], measured["example"]
-    spec.max_turns = spec.max_turns or measured["max_turns"]
-    spec.max_new_tokens = spec.max_new_tokens or measured["max_new_tokens"]
     floors = {"start policy": cur["start_mean_reward"],
               **{f"constant: {name}": cur["floors"][name] for name in constant_names(spec.track)}}
     return curriculum_rows(cur), floors
@@ -394,6 +396,8 @@ def train(spec: TrainSpec, model: Any = None, tokenizer: Any = None) -> dict[str
     t0 = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=checkpoint)
     wall = time.perf_counter() - t0
+    if isinstance(trainer.rollout_func, LlamaRollouts):
+        trainer.rollout_func.close()
     final = spec.out / "final"
     trainer.save_model(str(final))
     trainer.processing_class.save_pretrained(str(final))
