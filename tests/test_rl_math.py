@@ -25,8 +25,9 @@ from fhirgym.rl._dynamic import HOOK_KEYS, dynamic_trainer_class, flat_groups, m
 
 
 def _trl_loss(logps, old_logps, advantages, mask, *, loss_type="dapo", eps_low=0.2, eps_high=0.2,
-              tool_mask=None, steps_per_generation=1, grad_accum=1):
-    """TRL's ``_compute_loss`` on hand-made per-token log-probs; returns (loss, metrics)."""
+              tool_mask=None, steps_per_generation=1, grad_accum=1, is_weights=None):
+    """TRL's ``_compute_loss`` on hand-made per-token log-probs; returns (loss, metrics). ``is_weights``:
+    per-token importance weights of the sampler correction (TRL's ``importance_sampling_ratio``), on."""
     logps = torch.tensor(logps, dtype=torch.float64, requires_grad=True)
     mask_t = torch.tensor(mask, dtype=torch.float64)
     loss_mask = mask_t if tool_mask is None else mask_t * torch.tensor(tool_mask, dtype=torch.float64)
@@ -46,7 +47,8 @@ def _trl_loss(logps, old_logps, advantages, mask, *, loss_type="dapo", eps_low=0
         top_entropy_quantile=1.0, aux_loss_enabled=False, off_policy_mask_threshold=None,
         importance_sampling_level="token", beta=0.0, loss_type=loss_type, epsilon_low=eps_low, epsilon_high=eps_high,
         args=SimpleNamespace(delta=None, steps_per_generation=steps_per_generation, use_bias_correction_kl=False),
-        use_vllm=False, model=SimpleNamespace(training=True), current_gradient_accumulation_steps=grad_accum,
+        use_vllm=is_weights is not None, vllm_importance_sampling_correction=True,
+        model=SimpleNamespace(training=True), current_gradient_accumulation_steps=grad_accum,
         accelerator=Acc(), _entropy_bonus_enabled=False, _metrics=defaultdict(lambda: defaultdict(list)),
         max_completion_length=len(mask[0]))
     n = len(mask)
@@ -57,6 +59,8 @@ def _trl_loss(logps, old_logps, advantages, mask, *, loss_type="dapo", eps_low=0
               "num_items_in_batch": loss_mask.sum()}
     if tool_mask is not None:
         inputs["tool_mask"] = torch.tensor(tool_mask, dtype=torch.float64)
+    if is_weights is not None:
+        inputs["importance_sampling_ratio"] = torch.tensor(is_weights, dtype=torch.float64)
     loss = GRPOTrainer._compute_loss(fake, None, inputs)
     return loss, fake._metrics["train"], logps
 
@@ -151,6 +155,24 @@ def test_observation_tokens_are_masked_out_of_the_loss():
     assert loss.item() == pytest.approx(-(1.1 + 1.1) / 2)
     loss.backward()
     assert lp.grad[0, 1] == lp.grad[0, 2] == 0 and lp.grad[0, 0] != 0
+
+
+def test_the_sampler_correction_weighs_each_tokens_clipped_loss():
+    """The correction of llama.cpp rollouts (TRL's, docs/RL.md): on policy (ratio 1), advantage +1 on a
+    3-token completion with truncated importance weights 0.5, 1, 2, the token-mean loss is
+    −(0.5 + 1 + 2) / 3 = −1.1667 and each token's gradient −w/3; off policy the weight multiplies the clipped
+    term: ratio 1.4 (clipped at 1.28 by clip-higher, no gradient) with weight 2 gives −2.56, and ratio 0.9
+    with weight 0.5 gives −0.45 with gradient −0.5·0.9."""
+    logps = [[-1.0, -2.0, -0.5]]
+    loss, _, lp = _trl_loss(logps, logps, [1.0], [[1, 1, 1]], eps_high=0.28, is_weights=[[0.5, 1.0, 2.0]])
+    assert loss.item() == pytest.approx(-3.5 / 3)
+    loss.backward()
+    assert lp.grad[0].tolist() == pytest.approx([-0.5 / 3, -1 / 3, -2 / 3])
+    loss, _, lp = _trl_loss([[math.log(1.4), math.log(0.9)]], [[0.0, 0.0]], [1.0], [[1, 1]], eps_high=0.28,
+                            is_weights=[[2.0, 0.5]])
+    assert loss.item() == pytest.approx(-(2 * 1.28 + 0.5 * 0.9) / 2)
+    loss.backward()
+    assert lp.grad[0].tolist() == pytest.approx([0.0, -0.5 * 0.9 / 2])
 
 
 def test_dynamic_sampling_masks_flat_groups_and_recounts_tokens():

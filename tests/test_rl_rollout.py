@@ -2,7 +2,8 @@
 load (the same weights in both): the sampler's log-probabilities are the trainer's on the same tokens, the
 rollout function returns what TRL requires (ids, log-probabilities, env masks) with TextEpisode's loop and
 rewards, the current LoRA reaches the sampler before every batch, and TRL's importance-sampling correction
-computes, from hand-made sampler log-probabilities, the truncated weights the docs state.
+computes, from hand-made sampler log-probabilities, the truncated weights the docs state (how they weigh
+the loss: ``tests/test_rl_math.py::test_the_sampler_correction_weighs_each_tokens_clipped_loss``).
 
 Tolerance. Both sides run these F32 tensors in F32 (the rollout engine's KV cache is F32 too), so they
 differ by float32 summation order only: on short contexts 1e-6 measured on log-probabilities of order
@@ -30,6 +31,7 @@ pytest.importorskip("peft")
 from _tiny_gguf import random_lora_checkpoint, tiny_qwen2_gguf  # noqa: E402
 from fhirgym.agents import LocalBackend  # noqa: E402
 from fhirgym.rl import LlamaRollouts, TextEpisode, TrainSpec, dataset_rows, instance_for, load_policy  # noqa: E402
+from test_rl_train import _spy_on_generation  # noqa: E402
 
 TOL = 1e-4
 LONG_TOL = 1e-3
@@ -181,19 +183,6 @@ def test_the_rollout_function_returns_what_trl_requires(tiny, world):
                for r in out["rollout"])
 
 
-def _spy(trainer):
-    seen = []
-    original = trainer._generate_and_score_completions
-
-    def spy(inputs):
-        out = original(inputs)
-        seen.append({k: v.clone() if hasattr(v, "clone") else v for k, v in out.items()})
-        return out
-
-    trainer._generate_and_score_completions = spy
-    return seen
-
-
 def _model_tokens(batch, i):
     """Rollout i of a generation batch: its context (prompt without padding), its completion tokens, and
     the positions of the model's own tokens among them."""
@@ -245,7 +234,7 @@ def test_training_swaps_the_lora_into_the_sampler_before_every_batch(tiny, world
         return done
 
     engine.episode = paid
-    seen = _spy(trainer)
+    seen = _spy_on_generation(trainer)
     trainer.train()
     assert len(seen) == 2
     start = load_policy(str(tiny["ck"]))[0].eval()
@@ -327,7 +316,7 @@ def test_trl_computes_the_truncated_weights_from_the_samplers_logprobs(tiny, wor
         model=load_policy(str(tiny["base"]))[0], processing_class=tiny["tok"], args=GRPOConfig(**grpo_args(spec)),
         peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]), train_dataset=Dataset.from_list(rows),
         reward_funcs=[_rollout_reward(tmp_path / "rollouts.jsonl")], rollouts=engine)
-    seen = _spy(trainer)
+    seen = _spy_on_generation(trainer)
     trainer.train()
     assert engine.synced == [0]
     weights = seen[0]["importance_sampling_ratio"][0].tolist()
@@ -337,44 +326,6 @@ def test_trl_computes_the_truncated_weights_from_the_samplers_logprobs(tiny, wor
         (math.log(2) + math.log(3) + math.log(1.5) + math.log(4)) / 5, abs=1e-4)
     k3 = [math.exp(-o) - 1 + o for o in (math.log(2), 0.0, -math.log(3), -math.log(1.5), math.log(4))]
     assert logs["sampling/kl"] == pytest.approx(sum(k3) / 5, abs=1e-4) == pytest.approx(0.3651, abs=1e-3)
-
-
-def test_the_weights_multiply_each_tokens_clipped_loss():
-    """TRL's ``_compute_loss`` with the correction on, on hand-made numbers: on policy (ratio 1), advantage
-    +1 on a 3-token completion with weights 0.5, 1, 2, the token-mean loss is −(0.5 + 1 + 2) / 3 = −1.1667 and
-    each token's gradient −w/3: the weight scales the token's clipped term, nothing else."""
-    from trl import GRPOTrainer
-
-    logps = torch.tensor([[-1.0, -2.0, -0.5]], dtype=torch.float64, requires_grad=True)
-    mask = torch.ones(1, 3, dtype=torch.float64)
-
-    class Acc:
-        num_processes = 1
-        sync_gradients = True
-
-        def gather(self, x):
-            return x
-
-        def reduce(self, x, reduction="sum"):
-            return x
-
-    fake = SimpleNamespace(
-        _get_per_token_logps_and_entropies=lambda *a, **k: (logps, torch.zeros_like(logps), None),
-        top_entropy_quantile=1.0, aux_loss_enabled=False, off_policy_mask_threshold=None,
-        importance_sampling_level="token", beta=0.0, loss_type="dapo", epsilon_low=0.2, epsilon_high=0.28,
-        args=SimpleNamespace(delta=None, steps_per_generation=1, use_bias_correction_kl=False), use_vllm=True,
-        vllm_importance_sampling_correction=True,
-        model=SimpleNamespace(training=True), current_gradient_accumulation_steps=1, accelerator=Acc(),
-        _entropy_bonus_enabled=False, _metrics=defaultdict(lambda: defaultdict(list)), max_completion_length=3)
-    inputs = {"prompt_ids": torch.zeros(1, 1, dtype=torch.long), "prompt_mask": torch.ones(1, 1, dtype=torch.long),
-              "completion_ids": torch.zeros(1, 3, dtype=torch.long), "completion_mask": mask,
-              "advantages": torch.tensor([1.0], dtype=torch.float64), "old_per_token_logps": logps.detach().clone(),
-              "importance_sampling_ratio": torch.tensor([[0.5, 1.0, 2.0]], dtype=torch.float64),
-              "num_items_in_batch": mask.sum()}
-    loss = GRPOTrainer._compute_loss(fake, None, inputs)
-    assert loss.item() == pytest.approx(-3.5 / 3)
-    loss.backward()
-    assert logps.grad[0].tolist() == pytest.approx([-0.5 / 3, -1 / 3, -2 / 3])
 
 
 def test_trl_gates_its_correction_on_use_vllm_and_nothing_else_we_replace():
