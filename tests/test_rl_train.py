@@ -303,6 +303,9 @@ def test_eval_protocol_on_a_checkpoint(tiny, world_spec, tmp_path):
     assert report["pass@k"]["4"] == pytest.approx(1.0)  # each prompt is solved in 2 of 4 passes
     assert report["by_resource_type"]["Patient"]["mean"] == pytest.approx(0.5)
     assert report["mean_turns"] == pytest.approx(1.5)
+    # half the passes search then answer, half answer at once: a look in 2 of 4, no negative answer
+    assert report["behaviour"] == {"behaviour/negative_share": 0.0, "behaviour/mean_calls": 0.5,
+                                   "behaviour/answer_without_look_share": 0.5}
     assert (tmp_path / "eval" / "episodes.jsonl").is_file() and (tmp_path / "eval" / "report.json").is_file()
 
 

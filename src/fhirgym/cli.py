@@ -1240,6 +1240,7 @@ def rl_eval_cmd(model: str, base_url: str | None, n: int, split: str, temperatur
                + f", mean turns {report['mean_turns']:.2f}")
     for name in ("by_resource_type", "by_shape"):
         click.echo(f"{name}: " + ", ".join(f"{k} {v['mean']:.2f} ({v['episodes']})" for k, v in report[name].items()))
+    click.echo("behaviour: " + ", ".join(f"{k.split('/', 1)[1]} {v:.2f}" for k, v in report["behaviour"].items()))
     click.echo(f"→ {out / 'report.json'}")
 
 

@@ -3,11 +3,12 @@
 ``rl_eval`` runs every row of a split ``n`` times as a :class:`TextEpisode` (the environment training
 uses) and reports the mean reward ± its standard deviation over the ``n`` pass means, pass@k for
 k = 1 … n (the unbiased estimator 1 − C(n−c, k)/C(n, k) per prompt, averaged), the mean number of turns,
-and breakdowns by resource type (of the family, or the QA question's gold types) and by answer shape
-(QA shape; action tasks: ``write`` or ``read``). The policy is either a torch model with its tokenizer
-(a LoRA checkpoint, a GGUF dequantised by transformers, any HF model) sampled with ``generate``, or a
-fhirgym chat backend (``local/…`` GGUF on llama.cpp, ``openai/…``, ``openai-compatible/…`` endpoints).
-Episodes are written to ``episodes.jsonl`` and the report to ``report.json``.
+breakdowns by resource type (of the family, or the QA question's gold types) and by answer shape
+(QA shape; action tasks: ``write`` or ``read``), and what the policy did (:mod:`fhirgym.rl._behaviour`:
+the share of negative answers, mean calls, answers without a look). The policy is either a torch model
+with its tokenizer (a LoRA checkpoint, a GGUF dequantised by transformers, any HF model) sampled with
+``generate``, or a fhirgym chat backend (``local/…`` GGUF on llama.cpp, ``openai/…``,
+``openai-compatible/…`` endpoints). Episodes are written to ``episodes.jsonl`` and the report to ``report.json``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from ._behaviour import behaviour_of, figures
 from ._data import DEFAULT_QA, DEFAULT_WORLD, dataset_rows, episode_for
 from ._text import TextEpisode
 
@@ -103,7 +105,7 @@ def run_passes(sample, rows: list[dict], n: int, *, config: str = "baseline", ma
                             "question_id": extra.get("question_id"), "pass": i, "reward": ends[i].reward,
                             "success": bool(ends[i].info.get("success")), "turns": t.turns,
                             "stop": ends[i].info.get("stop"), "resource_types": types, "shape": shape,
-                            "transcript": chats[i][2:]})
+                            "behaviour": behaviour_of(t, t.episode.answer), "transcript": chats[i][2:]})
             t.close()
     if episodes_file is not None:
         episodes_file.parent.mkdir(parents=True, exist_ok=True)
@@ -138,6 +140,7 @@ def summarise(results: list[dict], n: int) -> dict[str, Any]:
         "pass@k": {str(k): statistics.fmean(pass_at_k(n, sum(r["success"] for r in rs), k)
                                             for rs in by_prompt.values()) for k in range(1, n + 1)},
         "mean_turns": statistics.fmean(r["turns"] for r in results),
+        "behaviour": figures([r["behaviour"] for r in results]),
         "by_resource_type": {k: block(v) for k, v in sorted(by_type.items())},
         "by_shape": {k: block(v) for k, v in sorted(by_shape.items())},
     }
