@@ -229,7 +229,7 @@ def _curve_callback(path: Path, plot: Path, t0: float, floors: dict[str, float] 
             if "loss" not in logs:  # the run's closing summary
                 return
             row = {"step": state.global_step, "wall_s": round(time.perf_counter() - t0, 1),
-                   **{k: logs[k] for k in CURVE_KEYS if k in logs}}
+                   **{k: logs[k] for k in CURVE_KEYS if k in logs}, **({"floors": floors} if floors else {})}
             with open(path, "a") as fh:
                 fh.write(json.dumps(row) + "\n")
             plot_curve(path, plot, floors=floors)
@@ -274,13 +274,15 @@ def _time_limit_callback(minutes: float, steps_per_batch: int, t0: float):
 def plot_curve(curve: Path, out: Path, key: str = "reward", floors: dict[str, float] | None = None) -> Path:
     """``key`` per optimiser step (and its running mean) from ``curve.jsonl``, as a PNG: the reward of a
     GRPO run (0 to 1), the loss of behaviour cloning. ``floors``: horizontal lines, by label (what the
-    constant replies and the start policy earn on the curriculum)."""
+    constant replies and the start policy earn on the curriculum; default: those the curve's rows carry)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = [r for r in (json.loads(line) for line in curve.read_text().splitlines() if line.strip()) if key in r]
+    if floors is None:
+        floors = next((r["floors"] for r in reversed(rows) if r.get("floors")), None)
     steps = [r["step"] for r in rows]
     rewards = [r[key] for r in rows]
     running = [sum(rewards[max(0, i - 4):i + 1]) / len(rewards[max(0, i - 4):i + 1]) for i in range(len(rewards))]
