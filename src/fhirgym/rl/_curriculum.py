@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -123,26 +124,14 @@ def measure_curriculum(spec: CurriculumSpec, out: Path,
     if not rows:
         raise ValueError(f"--tasks {spec.tasks!r} gives no training rows on the {spec.track} track")
     out.parent.mkdir(parents=True, exist_ok=True)
-    work = out.parent / (out.stem + ".adapter")
-    engine = LlamaRollouts(base, config=spec.config, seed=spec.seed, n_ctx=spec.n_ctx, threads=spec.threads,
-                           workdir=work)
-    if Path(spec.model).is_dir():  # a LoRA checkpoint: its adapter on the base, as training starts from it
-        from ._export import write_lora_gguf
+    with tempfile.TemporaryDirectory() as work:
+        engine = LlamaRollouts(base, config=spec.config, seed=spec.seed, n_ctx=spec.n_ctx, threads=spec.threads)
+        if Path(spec.model).is_dir():  # a LoRA checkpoint: its adapter on the base, as training starts from it
+            from ._export import write_lora_gguf
 
-        work.mkdir(parents=True, exist_ok=True)
-        engine.use_adapter(write_lora_gguf(Path(spec.model), work / "start.gguf", base_gguf=base))
-    by_family: dict[str, list[dict]] = {}
-    for r, row in enumerate(rows):
-        for e in range(spec.episodes):
-            seed = int(np.random.SeedSequence([spec.seed, r, e]).generate_state(1)[0])
-            done = engine.episode(row["extra_info"], seed=seed, max_completion=spec.max_new_tokens,
-                                  temperature=spec.temperature)
-            by_family.setdefault(row["extra_info"]["task_id"], []).append(
-                {"row": r, "reward": done.reward, "success": bool(done.info.get("success"))})
-        task = row["extra_info"]["task_id"]
-        last_of_family = r + 1 == len(rows) or rows[r + 1]["extra_info"]["task_id"] != task
-        if last_of_family and progress:
-            progress(task, _family_figures(by_family[task], spec))
+            engine.use_adapter(write_lora_gguf(Path(spec.model), Path(work) / "start.gguf", base_gguf=base))
+        by_family = _start_policy(engine, rows, spec, progress)
+        engine.use_adapter(None)
     families = {task: _family_figures(eps, spec) for task, eps in by_family.items()}
     kept = [task for task, fig in families.items() if fig["kept"]]
     kept_rows = [row for row in rows if row["extra_info"]["task_id"] in kept]
@@ -154,8 +143,24 @@ def measure_curriculum(spec: CurriculumSpec, out: Path,
            "start_mean_reward": start, "floors": floors, "seconds": round(time.perf_counter() - t0, 1)}
     cur["refused"] = refusal(cur, str(out))
     out.write_text(json.dumps(cur, indent=1))
-    engine.close()
     return cur
+
+
+def _start_policy(engine: Any, rows: list[dict], spec: CurriculumSpec,
+                  progress: Callable[[str, dict], None] | None) -> dict[str, list[dict]]:
+    """The start policy's episodes on every row, by family (``progress`` told as each family is done)."""
+    by_family: dict[str, list[dict]] = {}
+    for r, row in enumerate(rows):
+        task = row["extra_info"]["task_id"]
+        for e in range(spec.episodes):
+            seed = int(np.random.SeedSequence([spec.seed, r, e]).generate_state(1)[0])
+            done = engine.episode(row["extra_info"], seed=seed, max_completion=spec.max_new_tokens,
+                                  temperature=spec.temperature)
+            by_family.setdefault(task, []).append({"row": r, "reward": done.reward,
+                                                   "success": bool(done.info.get("success"))})
+        if progress and (r + 1 == len(rows) or rows[r + 1]["extra_info"]["task_id"] != task):
+            progress(task, _family_figures(by_family[task], spec))
+    return by_family
 
 
 def _family_figures(episodes: list[dict], spec: CurriculumSpec) -> dict[str, Any]:
