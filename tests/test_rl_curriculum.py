@@ -122,3 +122,14 @@ def test_rl_curriculum_measures_and_rl_train_refuses_a_shortcut(world, tmp_path)
     both = CliRunner().invoke(main, ["rl", "train", "--model", str(base), "--curriculum", str(out), "--tasks", TASK,
                                      "--out", str(tmp_path / "run")])
     assert both.exit_code != 0 and "drop --tasks" in both.output
+
+    # a warm start (a LoRA checkpoint) is measured with its adapter on the base, and leaves no file behind
+    from _tiny_gguf import random_lora_checkpoint
+    from fhirgym.rl import CurriculumSpec, measure_curriculum
+
+    random_lora_checkpoint(base, tmp_path / "ck", seed=1)
+    warm = measure_curriculum(CurriculumSpec(model=str(tmp_path / "ck"), tasks=TASK, per_family=1, episodes=1, low=0,
+                                             high=1, world=world, config="read", max_turns=2, max_new_tokens=24),
+                              tmp_path / "warm" / "cur.json")
+    assert warm["spec"]["model"] == str(tmp_path / "ck") and warm["families"][TASK]["episodes"] == 1
+    assert [p.name for p in (tmp_path / "warm").iterdir()] == ["cur.json"]
