@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 import zipfile
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -374,6 +375,25 @@ def test_openai_429_honours_retry_after():
     sleeps: list[float] = []
     assert endpoint.backend(sleeps).chat([{"role": "user", "content": "x"}]).text == "hi"
     assert len(sleeps) == 1 and 2.0 <= sleeps[0] <= 2.2  # never earlier than asked, spread a little
+
+
+def test_openai_retry_budget_bounds_the_waiting_and_every_retry_after_form_is_read():
+    slow = (429, {"error": {"message": "slow down"}}, {"retry-after": "30"})
+    sleeps: list[float] = []
+    backend = FakeEndpoint([slow]).backend(sleeps, retry_budget=10)
+    with pytest.raises(BackendError, match="would pass the retry budget of 10 s") as info:
+        backend.chat([{"role": "user", "content": "x"}])
+    assert sleeps == [] and info.value.attempts == 1  # never retried earlier than asked
+    later = (datetime.now(UTC) + timedelta(seconds=5)).strftime("%a, %d %b %Y %H:%M:%S GMT")
+    replies = [(503, {}, {"retry-after-ms": "1500"}), (429, {}, {"retry-after": later}), (200, _completion("ok"), {})]
+    endpoint = FakeEndpoint(replies)
+    result = endpoint.backend(sleeps).chat([{"role": "user", "content": "x"}])
+    assert result.text == "ok" and result.attempts == 3
+    assert 1.5 <= sleeps[0] <= 1.65 and 3.0 <= sleeps[1] <= 5.5
+    budget = FakeEndpoint([503]).backend(sleeps := [], retry_budget=2.0, backoff=1.0, max_attempts=20)
+    with pytest.raises(BackendError, match="retry budget of 2 s"):
+        budget.chat([{"role": "user", "content": "x"}])
+    assert sum(sleeps) <= 2.0 and len(sleeps) >= 1
 
 
 @pytest.mark.parametrize("status", [401, 403, 400, 404, 422])

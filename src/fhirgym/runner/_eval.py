@@ -2,7 +2,8 @@
 
 ``run_eval(EvalSpec(...))`` plans the episodes, skips those already in ``results.jsonl`` when resuming,
 runs the rest (``parallel`` at a time, each an :class:`~fhirgym.env.Episode` on its own store forked
-from the task instance's pre-run snapshot) and appends one line per finished episode (docs/RESULTS.md).
+from the task instance's pre-run snapshot; in this process, or on Ray with ``ray=``: ``_dispatch.py``,
+``_ray.py``) and appends one line per finished episode (docs/RESULTS.md).
 
 A sealed run (``sealed=True``) derives every instance's seed from a secret drawn at the start
 (HMAC-SHA256 of ``task_id|seed``): public code plus the public seeds cannot rebuild the gold while the
@@ -15,10 +16,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import as_completed
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from importlib.metadata import version
@@ -29,10 +29,11 @@ import orjson
 from .._defaults import QA_PER_TEMPLATE
 from ..agents import DEFAULT_MODEL, MODEL_AGENTS, default_iterations, make_agent, needs_model
 from ..env import Config, UnknownConfig, configs, get_config
-from ..tasks import Instance, TaskWorld, make_instance, select
+from ..tasks import TaskWorld, select
 from ..world import world_sha256
-from ._episode import EpisodeKey, run_episode
-from ._results import RESULTS, append_result, read_results, write_atomic
+from ._dispatch import EpisodeRunner, Recipe, ResultSink, ThreadPool
+from ._episode import EpisodeKey
+from ._results import RESULTS, read_results, write_atomic
 
 
 class EvalError(RuntimeError):
@@ -65,6 +66,7 @@ class EvalSpec:
     questions: Path | None = None  # qa: a question file (fhirgym qa build); default: built from the world
     per_template: int = QA_PER_TEMPLATE  # qa without a question file: questions built per template
     secret: str | None = field(default=None, repr=False)  # a sealed run's secret (hex), to replay or resume it
+    ray: str | None = None  # None: episodes run in this process; else on Ray ("": ray.init()'s own choice)
 
     def __post_init__(self) -> None:
         if self.max_iterations is None:
@@ -217,65 +219,46 @@ def run_eval(spec: EvalSpec, world: TaskWorld, progress: Callable[[dict, int, in
             _reveal(spec)
 
 
-def _run(spec: EvalSpec, world: TaskWorld, config, keys: list[EpisodeKey], done: set[str],
-         progress: Callable[[dict, int, int], None] | None, agent) -> list[dict]:
-    todo = [k for k in keys if k.id not in done]
-    if agent is None:
-        agent = make_agent(spec.agent, spec.model, spec.base_url, spec.max_iterations)
+def recipe(spec: EvalSpec, key: EpisodeKey, world: TaskWorld) -> Recipe:
+    """What builds the instance of episode ``key`` (a sealed run's seeds are derived here, on the driver)."""
+    if spec.track == "qa":
+        return Recipe(key.task_id, key.seed, question=qa_questions(spec, world)[key.task_id[3:]][key.seed])
+    return Recipe(key.task_id, instance_seed(spec, key.task_id, key.seed), key.paraphrase, spec.written_paraphrases)
+
+
+def run_label(spec: EvalSpec) -> str | None:
+    """The ``model`` field of the run's result lines."""
     model = spec.model if needs_model(spec.agent) else None
     if model is None and spec.agent in MODEL_AGENTS:
         model = DEFAULT_MODEL
-    instances: dict[tuple[str, int, int], Instance] = {}
-    lock = threading.Lock()
+    return model
 
-    def instance(key: EpisodeKey) -> Instance:
-        ik = (key.task_id, key.seed, key.paraphrase)
-        with lock:
-            if ik in instances:
-                return instances[ik]
-            if spec.track == "qa":
-                from ..tasks.qa import qa_instance
 
-                inst = qa_instance(qa_questions(spec, world)[key.task_id[3:]][key.seed], world)
-            else:
-                inst = make_instance(key.task_id, instance_seed(spec, key.task_id, key.seed), world)
-            if key.paraphrase:
-                from ..tasks import cached_paraphrase, offline_paraphrase
+def _run(spec: EvalSpec, world: TaskWorld, config, keys: list[EpisodeKey], done: set[str],
+         progress: Callable[[dict, int, int], None] | None, agent) -> list[dict]:
+    todo = [k for k in keys if k.id not in done]
+    sink = ResultSink(spec.out, done)
+    work = [(k, recipe(spec, k, world)) for k in todo]
+    if spec.ray is not None:
+        from ._ray import ray_pool
 
-                inst = (offline_paraphrase if spec.written_paraphrases else cached_paraphrase)(inst, key.paraphrase)
-            inst.reference  # noqa: B018  (computed once here, not in parallel episodes)
-            instances[ik] = inst
-            return inst
-
-    # --budget, else what the agent's model can afford (a local model: less), else the tools' default
-    budget = spec.budget or getattr(getattr(agent, "backend", None), "tool_budget", None)
-
-    def one(key: EpisodeKey) -> dict:
-        line, transcript = run_episode(key, instance(key), agent, config, setting=spec.setting, model=model,
-                                       budget=budget, max_iterations=spec.max_iterations,
-                                       unsafe_python=spec.unsafe_python)
-        write_atomic(spec.out / line["transcript"], transcript)
-        append_result(spec.out, line)
-        return line
-
-    finished = 0
-    total = len(todo)
-    if spec.parallel <= 1:
-        for key in todo:
-            line = one(key)
-            finished += 1
-            if progress:
-                progress(line, finished, total)
+        pool = ray_pool(spec, world, agent, config)
     else:
-        with ThreadPoolExecutor(spec.parallel) as pool:
-            pending = {pool.submit(one, k) for k in todo}
-            while pending:
-                ready, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for fut in ready:
-                    line = fut.result()
-                    finished += 1
-                    if progress:
-                        progress(line, finished, total)
+        if agent is None:
+            agent = make_agent(spec.agent, spec.model, spec.base_url, spec.max_iterations)
+        runner = EpisodeRunner(world, agent, config, setting=spec.setting, model=run_label(spec),
+                               budget=spec.budget, max_iterations=spec.max_iterations or 15,
+                               unsafe_python=spec.unsafe_python, capacity=2 * spec.parallel + 16)
+        try:
+            pool = ThreadPool(runner, spec.parallel)
+        except OSError as exc:
+            raise EvalError(str(exc)) from None
+    with pool:
+        futures = [pool.submit(k, r, then=sink.write) for k, r in work]
+        for finished, fut in enumerate(as_completed(futures), 1):
+            line, _ = fut.result()
+            if progress:
+                progress(line, finished, len(todo))
     return read_results(spec.out)
 
 
