@@ -4,8 +4,9 @@
     results = run_eval(EvalSpec(out=Path("runs/x"), agent="reference", tasks="scheduling"), world)
 """
 
+from ._dispatch import Recipe, RunError
 from ._episode import EpisodeKey, run_episode
-from ._eval import EvalError, EvalSpec, instance_seed, plan, progress_line, run_eval, summary
+from ._eval import EvalError, EvalSpec, episode_pool, instance_seed, plan, progress_line, run_eval, summary
 from ._judge import Agreement, JudgeVerdict, LlmJudge, agreement, gold_text
 from ._results import RESULTS, append_result, read_results
 
@@ -17,8 +18,11 @@ __all__ = [
     "EvalSpec",
     "JudgeVerdict",
     "LlmJudge",
+    "Recipe",
+    "RunError",
     "agreement",
     "append_result",
+    "episode_pool",
     "gold_text",
     "instance_seed",
     "plan",

@@ -37,6 +37,11 @@ from ._episode import EpisodeKey, run_episode
 from ._results import append_result, write_atomic
 
 Outcome = tuple[dict, dict]  # (result line, transcript)
+
+
+class RunError(RuntimeError):
+    """The episodes cannot run as asked (too few open files allowed; a cluster that cannot run them)."""
+
 Then = Callable[[dict, dict], Any]
 
 
@@ -185,7 +190,7 @@ def ensure_open_files(parallel: int) -> None:
     if soft == resource.RLIM_INFINITY or soft >= need:
         return
     if hard != resource.RLIM_INFINITY and hard < need:
-        raise OSError(f"{parallel} episodes at once need about {need} open files, and this process may open "
+        raise RunError(f"{parallel} episodes at once need about {need} open files, and this process may open "
                       f"{hard} (ulimit -Hn): lower --parallel, or raise the limit")
     with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))

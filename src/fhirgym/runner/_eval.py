@@ -31,7 +31,7 @@ from ..agents import DEFAULT_MODEL, MODEL_AGENTS, default_iterations, make_agent
 from ..env import Config, UnknownConfig, configs, get_config
 from ..tasks import TaskWorld, select
 from ..world import world_sha256
-from ._dispatch import EpisodeRunner, Recipe, ResultSink, ThreadPool
+from ._dispatch import EpisodeRunner, Recipe, ResultSink, RunError, ThreadPool
 from ._episode import EpisodeKey
 from ._results import RESULTS, read_results, write_atomic
 
@@ -197,12 +197,13 @@ def _prepare_dir(spec: EvalSpec, world: TaskWorld, config: Config) -> set[str]:
 
 
 def run_eval(spec: EvalSpec, world: TaskWorld, progress: Callable[[dict, int, int], None] | None = None,
-             agent=None, config: Config | None = None) -> list[dict]:
+             agent=None, config: Config | None = None, log: Callable[[str], None] | None = None) -> list[dict]:
     """Run (or resume) the evaluation; returns every result line of the directory.
 
-    ``agent``: an agent object to use instead of building one from ``spec.agent`` (tests, notebooks).
-    ``config``: the configuration object to use for ``spec.config`` instead of the registered one (an
-    experiment binds a memory configuration to a different memory per setting, side by side)."""
+    ``agent``: an agent object to use instead of building one from ``spec.agent`` (tests, notebooks; on
+    Ray it is pickled to the workers). ``config``: the configuration object to use for ``spec.config``
+    instead of the registered one (an experiment binds a memory configuration to a different memory per
+    setting, side by side). ``log``: where notes on the run's execution go (Ray's workers, retries)."""
     try:
         config = config or get_config(spec.config)
     except UnknownConfig as exc:
@@ -213,7 +214,7 @@ def run_eval(spec: EvalSpec, world: TaskWorld, progress: Callable[[dict, int, in
     _seal(spec)
     done = _prepare_dir(spec, world, config)
     try:
-        return _run(spec, world, config, keys, done, progress, agent)
+        return _run(spec, world, config, keys, done, progress, agent, log)
     finally:
         if spec.sealed:
             _reveal(spec)
@@ -234,31 +235,41 @@ def run_label(spec: EvalSpec) -> str | None:
     return model
 
 
+def episode_pool(world: TaskWorld, agent, config: Config, *, parallel: int = 1, ray: str | None = None,
+                 options: dict | None = None, log: Callable[[str], None] | None = None):
+    """Where episodes run: ``parallel`` threads of this process, or, with ``ray`` (an address; "": ray.init()'s
+    own choice), the workers of a Ray cluster. ``agent``: an agent object, or its settings (agent, model,
+    base_url, max_iterations), which Ray workers build it from. ``options``: :class:`EpisodeRunner`'s.
+    ``pool.submit(key, recipe, config=None, then=None)`` gives a Future of (line, transcript)."""
+    if ray is not None:
+        try:
+            from ._ray import RayPool
+        except ImportError as exc:
+            raise EvalError(str(exc)) from None
+        return RayPool(world, agent, config, parallel=parallel, address=ray, options=options, log=log)
+    if isinstance(agent, tuple):
+        agent = make_agent(*agent)
+    return ThreadPool(EpisodeRunner(world, agent, config, capacity=2 * parallel + 16, **(options or {})), parallel)
+
+
 def _run(spec: EvalSpec, world: TaskWorld, config, keys: list[EpisodeKey], done: set[str],
-         progress: Callable[[dict, int, int], None] | None, agent) -> list[dict]:
+         progress: Callable[[dict, int, int], None] | None, agent, log) -> list[dict]:
     todo = [k for k in keys if k.id not in done]
     sink = ResultSink(spec.out, done)
     work = [(k, recipe(spec, k, world)) for k in todo]
-    if spec.ray is not None:
-        from ._ray import ray_pool
-
-        pool = ray_pool(spec, world, agent, config)
-    else:
-        if agent is None:
-            agent = make_agent(spec.agent, spec.model, spec.base_url, spec.max_iterations)
-        runner = EpisodeRunner(world, agent, config, setting=spec.setting, model=run_label(spec),
-                               budget=spec.budget, max_iterations=spec.max_iterations or 15,
-                               unsafe_python=spec.unsafe_python, capacity=2 * spec.parallel + 16)
-        try:
-            pool = ThreadPool(runner, spec.parallel)
-        except OSError as exc:
-            raise EvalError(str(exc)) from None
-    with pool:
-        futures = [pool.submit(k, r, then=sink.write) for k, r in work]
-        for finished, fut in enumerate(as_completed(futures), 1):
-            line, _ = fut.result()
-            if progress:
-                progress(line, finished, len(todo))
+    options = {"setting": spec.setting, "model": run_label(spec), "budget": spec.budget,
+               "max_iterations": spec.max_iterations, "unsafe_python": spec.unsafe_python}
+    try:
+        agent = agent if agent is not None else (spec.agent, spec.model, spec.base_url, spec.max_iterations)
+        with episode_pool(world, agent, config, parallel=spec.parallel, ray=spec.ray, options=options,
+                          log=log) as pool:
+            futures = [pool.submit(k, r, then=sink.write) for k, r in work]
+            for finished, fut in enumerate(as_completed(futures), 1):
+                line, _ = fut.result()
+                if progress:
+                    progress(line, finished, len(todo))
+    except RunError as exc:  # the open-files limit; the cluster: no traceback, what to do
+        raise EvalError(str(exc)) from exc
     return read_results(spec.out)
 
 
@@ -301,4 +312,5 @@ def progress_line(line: dict, finished: int, total: int, started: float, counts:
             f"{elapsed:5.0f}s elapsed, ~{eta:4.0f}s left  {line['task_id'][:40]:40}")
 
 
-__all__ = ["RESULTS", "EvalError", "EvalSpec", "instance_seed", "plan", "progress_line", "run_eval", "summary"]
+__all__ = ["RESULTS", "EvalError", "EvalSpec", "episode_pool", "instance_seed", "plan", "progress_line", "recipe",
+           "run_eval", "summary"]
