@@ -24,8 +24,8 @@ import contextlib
 import resource
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -160,11 +160,19 @@ class ThreadPool:
         self.runner = runner
         self.parallel = max(1, parallel)
         ensure_open_files(self.parallel)
-        self._pool = ThreadPoolExecutor(self.parallel, thread_name_prefix="episode")
+        self._pool = ThreadPoolExecutor(self.parallel, thread_name_prefix="episode")  # (threads start on use)
 
     def submit(self, key: EpisodeKey, recipe: Recipe, config: Config | None = None,
                then: Then | None = None) -> Future:
         return self._pool.submit(self.runner, key, recipe, config, then)
+
+    def stream(self, work: Iterable[tuple[EpisodeKey, Recipe]], then: Then | None = None) -> Iterator[Outcome]:
+        """Every episode of ``work``, as they finish; one at a time: in the calling thread, in order."""
+        if self.parallel == 1:
+            for key, recipe in work:
+                yield self.runner(key, recipe, None, then)
+            return
+        yield from stream(self, work, then)
 
     def close(self, wait: bool = True) -> None:
         self._pool.shutdown(wait=wait, cancel_futures=True)
@@ -175,6 +183,12 @@ class ThreadPool:
     def __exit__(self, exc_type, *exc: object) -> None:
         # an error or Ctrl-C: no new episode starts; after an error the running ones finish and are kept
         self.close(wait=exc_type is not KeyboardInterrupt)
+
+
+def stream(pool, work: Iterable[tuple[EpisodeKey, Recipe]], then: Then | None = None) -> Iterator[Outcome]:
+    """Submit every episode of ``work`` to ``pool``; yield their outcomes as they finish."""
+    for future in as_completed([pool.submit(key, recipe, then=then) for key, recipe in work]):
+        yield future.result()
 
 
 #: Descriptors a live episode may hold: its forked store's base file, a connection to the model

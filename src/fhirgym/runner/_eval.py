@@ -18,7 +18,6 @@ import hmac
 import secrets
 import time
 from collections.abc import Callable
-from concurrent.futures import as_completed
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from importlib.metadata import version
@@ -240,7 +239,8 @@ def episode_pool(world: TaskWorld, agent, config: Config, *, parallel: int = 1, 
     """Where episodes run: ``parallel`` threads of this process, or, with ``ray`` (an address; "": ray.init()'s
     own choice), the workers of a Ray cluster. ``agent``: an agent object, or its settings (agent, model,
     base_url, max_iterations), which Ray workers build it from. ``options``: :class:`EpisodeRunner`'s.
-    ``pool.submit(key, recipe, config=None, then=None)`` gives a Future of (line, transcript)."""
+    ``pool.submit(key, recipe, config=None, then=None)`` gives a Future of (line, transcript);
+    ``pool.stream(work, then)`` the outcomes of (key, recipe) pairs as they finish."""
     if ray is not None:
         try:
             from ._ray import RayPool
@@ -263,9 +263,7 @@ def _run(spec: EvalSpec, world: TaskWorld, config, keys: list[EpisodeKey], done:
         agent = agent if agent is not None else (spec.agent, spec.model, spec.base_url, spec.max_iterations)
         with episode_pool(world, agent, config, parallel=spec.parallel, ray=spec.ray, options=options,
                           log=log) as pool:
-            futures = [pool.submit(k, r, then=sink.write) for k, r in work]
-            for finished, fut in enumerate(as_completed(futures), 1):
-                line, _ = fut.result()
+            for finished, (line, _) in enumerate(pool.stream(work, sink.write), 1):
                 if progress:
                     progress(line, finished, len(todo))
     except RunError as exc:  # the open-files limit; the cluster: no traceback, what to do

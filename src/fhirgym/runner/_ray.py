@@ -27,6 +27,7 @@ import math
 import os
 import socket
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,6 +39,10 @@ from typing import Any
 try:
     import ray
     from ray.exceptions import RayActorError
+
+    #: a worker that is restarting (this Ray's name for it; older ones say ActorDiedError only at the end)
+    RESTARTING: tuple[type[BaseException], ...] = tuple(
+        getattr(ray.exceptions, name) for name in ("ActorUnavailableError",) if hasattr(ray.exceptions, name))
 except ImportError as exc:  # pragma: no cover - the message is the point
     raise ImportError("running on Ray needs the ray extra: pip install 'fhirgym[ray]'") from exc
 
@@ -45,7 +50,7 @@ from ..agents import make_agent
 from ..env import Config, get_config
 from ..tasks import TaskWorld
 from ..world import build_world, world_sha256
-from ._dispatch import EpisodeRunner, Outcome, Recipe, RunError, Then, ensure_open_files
+from ._dispatch import EpisodeRunner, Outcome, Recipe, RunError, Then, ensure_open_files, stream
 from ._episode import EpisodeKey
 
 #: Times one episode is handed out before the run gives up on it (its workers kept dying).
@@ -146,11 +151,15 @@ class RayPool:
         except RayActorError as exc:
             raise RayRunError(f"a Ray worker could not start: {exc}") from exc
         nodes = sorted({host for host, _ in where})
-        self.log(f"ray: {n} workers ({self.per} episodes each at once) on {len(nodes)} node(s): {', '.join(nodes)}")
+        self.log(f"ray: {n} workers, up to {self.per} episodes at once each, on {len(nodes)} node(s): "
+                 f"{', '.join(nodes)}")
         self.load = [0] * n
+        self.up = [True] * n  # False from a worker's death until it answers again (Ray restarts it)
         self.retried = 0
         self._queue: deque[_Job] = deque()
         self._pending: dict[Any, tuple[int, _Job]] = {}
+        self._probes: dict[Any, int] = {}  # a "where" call to a worker that died: it is back when answered
+        self._reprobe: dict[int, float] = {}  # worker → when to ask it again (still restarting)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = False
@@ -167,32 +176,68 @@ class RayPool:
         self._wake.set()
         return job.future
 
+    def stream(self, work, then: Then | None = None):
+        """Every episode of ``work``, as they finish (see ``_dispatch.stream``)."""
+        return stream(self, work, then)
+
     # -- the driver's loop ------------------------------------------------------------------------------
     def _dispatch(self) -> None:
         while not self._abandoned:
             self._fill()
-            if not self._pending:
+            now = time.monotonic()
+            for i, when in list(self._reprobe.items()):
+                if when <= now:
+                    del self._reprobe[i]
+                    self._probes[self.workers[i].where.remote()] = i
+            if not self._pending and not self._probes and not self._reprobe:
                 if self._closed and not self._queue:
                     return
                 self._wake.wait(0.1)
                 self._wake.clear()
                 continue
             # a batch: whatever finished within 20 ms (one wait per batch, not one per episode)
-            ready, _ = ray.wait(list(self._pending), num_returns=len(self._pending), timeout=0.02)
+            refs = [*self._pending, *self._probes]
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0.02)
             for ref in ready:
-                self._finished(ref)
+                if ref in self._probes:
+                    self._probed(ref)
+                else:
+                    self._finished(ref)
 
     def _fill(self) -> None:
         with self._lock:
-            while self._queue and min(self.load) < self.per:
+            while self._queue:
+                free = [i for i in range(len(self.workers)) if self.up[i] and self.load[i] < self.per]
+                if not free:
+                    return
                 job = self._queue.popleft()
-                i = self._pick(job.avoid)
+                i = min(free, key=lambda w: (w == job.avoid, self.load[w]))
                 self.load[i] += 1
                 self._pending[self.workers[i].run.remote(job.key, job.recipe, job.config)] = (i, job)
 
-    def _pick(self, avoid: int | None) -> int:
-        order = sorted(range(len(self.workers)), key=lambda i: (i == avoid, self.load[i]))
-        return next(i for i in order if self.load[i] < self.per)
+    def _down(self, i: int) -> None:
+        """Worker ``i`` died: nothing goes to it until it answers a probe (Ray is restarting it)."""
+        if self.up[i]:
+            self.up[i] = False
+            self._probes[self.workers[i].where.remote()] = i
+
+    def _probed(self, ref: Any) -> None:
+        i = self._probes.pop(ref)
+        try:
+            ray.get(ref)
+        except RESTARTING:
+            self._reprobe[i] = time.monotonic() + 0.2  # ask again soon
+            return
+        except RayActorError as exc:
+            self.log(f"ray: worker {i} is gone for good ({type(exc).__name__})")
+            if not any(self.up) and not self._probes and not self._reprobe:  # no worker left: nothing can run
+                with self._lock:
+                    jobs, self._queue = list(self._queue), deque()
+                for job in jobs:
+                    job.future.set_exception(RayRunError(f"every Ray worker died; {job.key.id} did not run"))
+            return
+        self.up[i] = True
+        self.log(f"ray: worker {i} is back")
 
     def _finished(self, ref: Any) -> None:
         i, job = self._pending.pop(ref)
@@ -200,6 +245,7 @@ class RayPool:
         try:
             line, transcript = ray.get(ref)
         except RayActorError as exc:  # the worker died (Ray restarts it) with this episode in flight
+            self._down(i)
             job.tries += 1
             if job.tries >= MAX_TRIES:
                 job.future.set_exception(RayRunError(
