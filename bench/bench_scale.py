@@ -6,7 +6,7 @@ turn, then an answer. For each K of ``--ks`` the bench runs, as a subprocess,
 
     fhirgym eval --agent react --model openai-compatible/fake --base-url URL --parallel K --tasks ... --seeds ...
 
-over max(8, 4K) episodes or more (from K = 128 every family, as many seeds as needed), watches it from outside
+over max(8, 4K) episodes or more (8 seeds a family; every family from K = 128), watches it from outside
 (``/proc``: CPU time, RSS, open descriptors; the growing ``results.jsonl``) and prints:
 
 - episodes/s in the steady state (from the K-th finished episode to the (N−K)-th: after the first wave,
@@ -85,8 +85,10 @@ class Lines:
 
 
 def selection(families: list[str], episodes: int) -> tuple[str, int]:
-    """--tasks and --seeds giving at least ``episodes`` episodes: every family past 8 × 65 episodes; below,
-    families spread over the list, 8 seeds each (a family's first instance also warms its caches)."""
+    """--tasks and --seeds giving at least ``episodes`` episodes. Every family's first instance in a
+    process also warms that family's caches (up to 0.2 s), so each family runs 8 seeds or more: every
+    family from 520 episodes (K ≥ 128), below that families spread over the list (another mix: families
+    differ tenfold in cost, so CPU per episode is comparable between rows of the same mix only)."""
     if episodes >= 8 * len(families):
         return "all", math.ceil(episodes / len(families))
     n = math.ceil(episodes / 8)
@@ -183,7 +185,7 @@ def table(rows: list[dict]) -> str:
 # -- where an episode's CPU goes ------------------------------------------------------------------------
 
 STAGES = {  # (module, owner or None, attribute) → stage
-    ("fhirgym.runner._eval", None, "make_instance"): "instance: sample, setup, gold",
+    ("fhirgym.runner._dispatch", None, "make_instance"): "instance: sample, setup, gold",
     ("fhirgym.tasks._family", "Instance", "reference"): "instance: reference run (expected_min_calls)",
     ("fhirgym.env._episode", "Episode", "reset"): "episode: fork + tools",
     ("fhirgym.env._episode", "Episode", "step"): "episode: tool calls",
@@ -192,9 +194,9 @@ STAGES = {  # (module, owner or None, attribute) → stage
     ("fhirgym.env._episode", "Episode", "close"): "episode: close",
     ("fhirgym.agents._openai", "OpenAIBackend", "_create"): "model calls: HTTP + JSON",
     ("fhirgym.agents._openai", "OpenAIBackend", "_result"): "model calls: reply parsing",
-    ("fhirgym.runner._eval", None, "write_atomic"): "files: transcript",
-    ("fhirgym.runner._eval", None, "append_result"): "files: result line + fsync",
-    ("fhirgym.runner._eval", None, "run_episode"): "(run_episode, inclusive)",
+    ("fhirgym.runner._dispatch", None, "write_atomic"): "files: transcript",
+    ("fhirgym.runner._dispatch", None, "append_result"): "files: result line + fsync",
+    ("fhirgym.runner._dispatch", None, "run_episode"): "(run_episode, inclusive)",
 }
 
 
