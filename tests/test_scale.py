@@ -98,3 +98,15 @@ def test_a_run_killed_with_256_episodes_in_flight_resumes_to_the_same_episodes(s
     assert {r["status"] for r in final} == {"fail"}
     for raw in (out / "results.jsonl").read_bytes().splitlines():
         orjson.loads(raw)
+
+
+def test_too_low_a_limit_on_open_files_is_refused_before_any_episode(world, tmp_path, monkeypatch):
+    import resource
+
+    from fhirgym.runner import EvalError
+
+    monkeypatch.setattr(resource, "getrlimit", lambda _which: (1024, 1024))
+    with pytest.raises(EvalError, match=r"1024 episodes at once need about \d+ open files.*ulimit -Hn"):
+        run_eval(EvalSpec(out=tmp_path, agent="reference", tasks="records.find_patient", seeds=[0], parallel=1024),
+                 world)
+    assert read_results(tmp_path) == []
