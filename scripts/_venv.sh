@@ -17,4 +17,16 @@ install_fhirgym() {
     exit 1
   fi
   rm -f "$log"
+  ensure_llama_without_amx
+}
+# pip reuses a cached llama-cpp-python wheel whatever CMAKE_ARGS say: one built before the AMX kernels
+# were left out (scripts/llama_cpp_minimal.cmake) is dropped from the cache and rebuilt, once.
+ensure_llama_without_amx() {
+  .venv/bin/python -c 'import sys, llama_cpp; sys.exit("AMX_INT8 = 1" in llama_cpp.llama_print_system_info().decode())' \
+    2>/dev/null && return 0
+  echo "scripts/_venv.sh: rebuilding llama-cpp-python without AMX kernels (~3 min)" >&2
+  local version
+  version=$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("llama-cpp-python"))')
+  .venv/bin/python -m pip cache remove -q llama_cpp_python || true
+  .venv/bin/python -m pip install --disable-pip-version-check -q --force-reinstall --no-deps "llama-cpp-python==$version"
 }

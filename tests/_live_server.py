@@ -12,7 +12,7 @@ import time
 
 import uvicorn
 
-from fhirgym.fhir import FhirServer, ServerConfig, Store, create_app
+from fhirgym.fhir import FhirServer, ServerConfig, Store, create_app, http_protocol
 
 
 def bound_socket() -> socket.socket:
@@ -35,7 +35,8 @@ class LiveServer:
         cfg = ServerConfig(base_url=config.pop("base_url", self.base_url), **config)
         self.server = FhirServer(store or Store(), config=cfg)
         self.app = create_app(self.server, admin=admin)
-        self._uvicorn = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="off"))
+        self._uvicorn = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", lifespan="off",
+                                                      http=http_protocol(cfg.header_timeout)))
         self._thread = threading.Thread(target=self._uvicorn.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def start(self) -> LiveServer:

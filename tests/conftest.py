@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -117,3 +119,30 @@ def ex():
     from fhirgym.spec import load_spec
 
     return Extractor(load_spec())
+
+
+@pytest.fixture()
+def tcp_server():
+    """A loopback server that counts the connections it accepts (it must get none)."""
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    srv.settimeout(0.1)
+    accepted: list[object] = []
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+                accepted.append(conn)
+                conn.close()
+            except OSError:
+                continue
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    yield srv.getsockname()[1], accepted
+    stop.set()
+    t.join(2)
+    srv.close()

@@ -195,7 +195,7 @@ def test_the_built_world_obeys_every_rule_and_the_shortcuts_agree(small_world_pa
     checked = {"n": 0}
     original = Invariants.check
 
-    def check(self, invariants, node, type_path, root, where, issues, render=str):
+    def check(self, invariants, node, type_path, root, where, issues, render=str, stop=None):
         for inv in invariants:
             quick = inv.quick(node) if inv.quick else None
             if quick is not None and checked["n"] < 20_000:
@@ -203,7 +203,7 @@ def test_the_built_world_obeys_every_rule_and_the_shortcuts_agree(small_world_pa
                 target = node if node is root else self._fhirpath()[1].create_node(node, type_path)
                 if quick != (inv.fn(target, {"resource": root, "rootResource": root}) != [False]):
                     disagreements.append((inv.key, where, node))
-        original(self, invariants, node, type_path, root, where, issues, render)
+        original(self, invariants, node, type_path, root, where, issues, render, stop)
 
     monkeypatch.setattr(Invariants, "check", check)
     report = check_world(small_world_path)
@@ -230,3 +230,68 @@ def test_synthea_repairs_periods_and_placeholder_reasons():
     assert enc["reasonCode"] == [{"text": "Chest pain (finding)"}]
     assert "reasonCode" not in proc
     assert coded["reasonCode"][0]["text"] == "asthma"  # coded: a real reason, kept
+
+
+# -- Questionnaire: que-7 as R5 corrected it, and no trace() output ---------------------------------------
+def _item(link: str, kind: str, text: str, **extra) -> dict:
+    return {"linkId": link, "type": kind, "text": text, **extra}
+
+
+LOINC = "http://loinc.org"
+#: Questionnaires in the shapes of R4's own examples (family history, lifelines, Glasgow coma score, a
+#: Zika exposure screen): nested groups, display items, answer options, initial values, and every kind of
+#: enableWhen (the R4 examples package itself cannot be fetched here; the core package has no examples)
+QUESTIONNAIRES = [
+    {"resourceType": "Questionnaire", "id": "family-history", "status": "active", "item": [
+        _item("1", "group", "Family member health history", repeats=True, item=[
+            _item("1.1", "boolean", "Is this person living?"),
+            _item("1.2", "integer", "Current age", enableWhen=[
+                {"question": "1.1", "operator": "exists", "answerBoolean": True}]),
+            _item("1.3", "string", "Cause of death", enableWhen=[
+                {"question": "1.1", "operator": "=", "answerBoolean": False}]),
+            _item("1.4", "display", "Conditions this person had"),
+        ])]},
+    {"resourceType": "Questionnaire", "id": "zika", "status": "active", "subjectType": ["Patient"], "item": [
+        _item("residence", "boolean", "Do you live in an area with Zika?"),
+        _item("travel", "boolean", "Have you travelled to such an area?", enableWhen=[
+            {"question": "residence", "operator": "exists", "answerBoolean": False}]),
+        _item("when", "date", "When did you return?", enableWhen=[
+            {"question": "travel", "operator": "=", "answerBoolean": True},
+            {"question": "residence", "operator": "!=", "answerBoolean": True},
+            {"question": "travel", "operator": "exists", "answerBoolean": True}], enableBehavior="all"),
+        _item("recent", "boolean", "Within the last 8 weeks?", enableWhen=[
+            {"question": "when", "operator": ">", "answerDate": "2016-01-01"}]),
+    ]},
+    {"resourceType": "Questionnaire", "id": "gcs", "status": "draft", "item": [
+        _item("eye", "choice", "Eye opening", answerOption=[
+            {"valueCoding": {"system": LOINC, "code": "LA6553-5", "display": "Eyes open spontaneously"}},
+            {"valueCoding": {"system": LOINC, "code": "LA6554-3", "display": "Eyes open to verbal command"}}]),
+        _item("score", "decimal", "Score", readOnly=True, enableWhen=[
+            {"question": "eye", "operator": "=", "answerCoding": {"system": LOINC, "code": "LA6553-5"}}]),
+        _item("weight", "quantity", "Weight", enableWhen=[
+            {"question": "score", "operator": ">=", "answerDecimal": 3.5}]),
+        _item("notes", "text", "Notes", initial=[{"valueString": "none"}], maxLength=200),
+    ]},
+]
+
+
+@pytest.mark.parametrize("questionnaire", QUESTIONNAIRES, ids=lambda q: q["id"])
+def test_valid_questionnaires_are_accepted_without_trace_output(questionnaire, capsys):
+    """An ``exists`` enableWhen was refused (que-7's ``is Boolean`` matches no FHIR boolean), and que-1's
+    ``trace()`` printed two lines per item to stdout."""
+    client = new_client()
+    resp = client.create(questionnaire)
+    assert resp.status == 201, resp.body
+    assert capsys.readouterr().out == ""
+
+
+def test_que_7_still_refuses_an_exists_condition_without_a_boolean():
+    client = new_client()
+    bad = {**QUESTIONNAIRES[0], "item": [_item("a", "boolean", "A"), _item("b", "string", "B", enableWhen=[
+        {"question": "a", "operator": "exists", "answerCoding": {"system": LOINC, "code": "x"}}])]}
+    assert "que-7" in _refused(client, bad)
+    from fhirgym.fhir._invariants import NATIVE
+
+    assert NATIVE["que-7"]({"operator": "exists", "answerBoolean": True}) is True
+    assert NATIVE["que-7"]({"operator": "exists", "answerString": "y"}) is False
+    assert NATIVE["que-7"]({"operator": "=", "answerString": "y"}) is True

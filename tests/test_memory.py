@@ -67,23 +67,48 @@ def _nothing_actor():
     return ReactAgent(ScriptedBackend(['<answer>{"patient_id": "0000"}</answer>'] * 200))
 
 
-def test_training_never_stores_a_value_of_a_training_instance(world, tmp_path):
-    """The de-identification test: training on instances whose lessons quote every value of the run."""
-    store = _train(world, tmp_path / "mem")
-    stored = (tmp_path / "mem" / "lessons.jsonl").read_text()
-    texts = " ".join(x.text for x in store.lessons)
-    assert store.lessons and store.frozen and "<NAME>" in texts
-    leaked = []
+def _quoting_evaluator(world):
+    """A critique that quotes the whole run back and every value of every training instance's params and
+    gold (names, ids, dates of birth, member ids): the worst case for privacy. (Setup resources' ids come
+    back through the run itself.)"""
+    quoted = []
     for task in TRAIN_TASKS.split(","):
         for seed in (0, 1):
             inst = make_instance(task, seed, world)
-            answer = render(inst.gold.answer) if inst.gold.answer is not None else None
-            for value, kind in sensitive_values(inst.params, answer, inst.setup).items():
-                if re.search(rf"(?<![\w-]){re.escape(value)}(?![\w-])", stored, re.I):
-                    leaked.append((task, seed, kind, value))
-            for ident in re.findall(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", stored):
-                leaked.append((task, seed, "uuid", ident))
-            assert not re.search(r"\b\d{4}-\d{2}-\d{2}\b", stored), "an ISO date reached the store"
+            quoted.append(orjson.dumps({"params": render(inst.params),
+                                        "gold": render(inst.gold.answer) if inst.gold.answer is not None else None
+                                        }).decode())
+
+    def critique(messages: list[dict]) -> str:
+        return orjson.dumps({"score": 3, "critique": messages[-1]["content"][:2000] + " The right answer was "
+                             + " ".join(quoted), "failure_tags": ["tool_errors"], "advice": "Search first."}).decode()
+    return critique
+
+
+def test_training_never_stores_a_value_of_a_training_instance(world, tmp_path):
+    """The de-identification test: a scripted training run whose critiques quote the gold and every value of
+    the instances, and whose lessons copy the run; then every file of the memory directory is scanned."""
+    store = _train(world, tmp_path / "mem", evaluator=_script(100, _quoting_evaluator(world)))
+    texts = " ".join(x.text for x in store.lessons)
+    assert store.lessons and store.frozen and "<NAME>" in texts
+    files = sorted(p for p in (tmp_path / "mem").rglob("*") if p.is_file())
+    assert {p.name for p in files} >= {"lessons.jsonl", "memory.json", "training.jsonl", "training.json"}
+    log = (tmp_path / "mem" / "training.jsonl").read_text()
+    assert "The right answer was" in log and "<NAME>" in log  # the critiques are kept, de-identified
+    leaked = []
+    for path in files:
+        stored = path.read_bytes().decode("utf-8", "replace")
+        for task in TRAIN_TASKS.split(","):
+            for seed in (0, 1):
+                inst = make_instance(task, seed, world)
+                answer = render(inst.gold.answer) if inst.gold.answer is not None else None
+                for value, kind in sensitive_values(inst.params, answer, inst.setup).items():
+                    if re.search(rf"(?<![\w-]){re.escape(value)}(?![\w-])", stored, re.I):
+                        leaked.append((path.name, task, seed, kind, value))
+        for ident in re.findall(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", stored):
+            leaked.append((path.name, "uuid", ident))
+        when = re.sub(r'"time": ?"[^"]*"', "", stored)  # when a run was trained: not an instance's value
+        assert not re.findall(r"\b\d{4}-\d{2}-\d{2}\b", when), (path.name, "an ISO date reached it")
     assert not leaked, leaked[:5]
 
 

@@ -385,6 +385,16 @@ def test_qa_reward_can_come_from_the_judge(qa_rows):
         assert step.reward == float(says) and step.info["success"] is says
         assert judge.asked[0][2] == "The final answer is: 7 giraffes" and "Question:" in judge.asked[0][0]
         text.close()
+    from fhirgym.rl import qa_questions
+    from fhirgym.tasks.qa import qa_instance
+
+    tw = TaskWorld.open(extra["world"]["path"])
+    question = next(q for q in qa_questions(tw, QA_SET).values() if q.no_answer)
+    text = TextEpisode(qa_instance(question, tw), reward=RewardSpec(judge=Judge(True)))
+    text.reset()
+    step = text.step("The final answer is: no answer")  # a negative claim with no look: nothing, judge or not
+    assert step.reward == 0.0 and step.info["success"] is False
+    text.close()
 
 
 def test_trl_tool_parsing_reads_calls_as_the_episode_does():

@@ -31,6 +31,7 @@ from fhirgym.tools import (
     SandboxResult,
     SandboxUnavailable,
     _sandbox,
+    _sandbox_fs,
     sandbox_available,
     sandbox_probe,
 )
@@ -64,7 +65,7 @@ def outside(tmp_path: Path) -> Path:
 def sandbox(request: pytest.FixtureRequest, tmp_path: Path, outside: Path):
     """An episode's sandbox, in both modes (a zygote per episode, bwrap per call); closing it leaves no
     process and no cgroup behind."""
-    with Sandbox(tmp_path / "ws-a", LIMITS, zygote=request.param == "zygote") as sb:
+    with Sandbox(limits=LIMITS, zygote=request.param == "zygote") as sb:
         yield sb
         z = sb._zygote
         left = ([z.proc.pid], list(z.cgroup.dirs.values())) if z else ([], [])
@@ -197,24 +198,48 @@ def test_host_file_helpers_never_follow_planted_symlinks(sandbox: Sandbox, outsi
 def test_unavailable_refuses_unless_unsafe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     missing = SandboxProbe(missing=("bubblewrap (bwrap) not found: install it with `bash scripts/_sandbox.sh`",))
     monkeypatch.setattr(_sandbox, "sandbox_probe", lambda refresh=False: missing)
-    with Sandbox(tmp_path / "ws", LIMITS) as sb, pytest.raises(SandboxUnavailable, match=r"bwrap.*--unsafe-python"):
+    with Sandbox(limits=LIMITS) as sb, pytest.raises(SandboxUnavailable, match=r"bwrap.*--unsafe-python"):
         sb.run("answer = 1")
-    with Sandbox(tmp_path / "ws", LIMITS, unsafe=True) as sb:  # explicit: a plain process with rlimits only
+    with Sandbox(limits=LIMITS, unsafe=True) as sb:  # explicit: a plain process with rlimits only
         r = sb.run("import os\nanswer = os.getcwd()")
-    assert r.ok and r.answer == str(tmp_path / "ws") and r.protections == ("rlimits",)
+        assert r.ok and r.answer == str(sb.workspace) and r.protections == ("rlimits",)
 
 
-def test_workspace_is_private_and_unsafe_mode_kills_forked_children(tmp_path: Path, monkeypatch):
-    ws = tmp_path / "shared"
-    ws.mkdir(mode=0o755)
-    with Sandbox(ws, LIMITS) as sb:
-        assert oct(ws.stat().st_mode & 0o777) == "0o700"
+def test_workspace_is_private_and_unsafe_mode_kills_forked_children(monkeypatch):
+    with Sandbox(limits=LIMITS) as sb:
+        st = sb.workspace.parent.stat()  # only the sandbox's uid (and root) may enter
+        assert oct(st.st_mode & 0o777) == "0o700" and (st.st_uid, st.st_gid) == _sandbox_fs.sandbox_ids()
     monkeypatch.setattr(Sandbox, "protections", lambda self: ("rlimits",))
-    with Sandbox(ws, LIMITS, unsafe=True) as sb:
+    with Sandbox(limits=LIMITS, unsafe=True) as sb:
         r = sb.run("import os, time\nif os.fork() == 0:\n    time.sleep(3600)\nanswer = 1")
         assert r.ok and r.protections == ("rlimits",)
         time.sleep(0.1)
         assert _leftover_processes(r.call_id) == []  # the process group went
+
+
+def test_a_given_workspace_dir_must_be_reachable_and_private(tmp_path: Path):
+    """A caller's directory: refused with the reason where the sandbox's uid cannot reach it (root host) or
+    its parent is not private (normal user); else the workspace is there (on a root host, a tmpfs for the
+    sandbox's life)."""
+    if os.geteuid() == 0:
+        with pytest.raises(ValueError, match=r"not reachable by the sandbox's uid \d+.*pytest-of-root is closed"):
+            Sandbox(tmp_path / "ws", LIMITS)
+        base = Path(tempfile.mkdtemp())
+        base.chmod(0o711)  # searchable, not listable
+    else:
+        open_parent = tmp_path / "open"
+        open_parent.mkdir(mode=0o755)
+        open_parent.chmod(0o755)
+        with pytest.raises(ValueError, match="must be private"):
+            Sandbox(open_parent / "ws", LIMITS)
+        base = tmp_path
+    try:
+        with Sandbox(base / "ws", LIMITS) as sb:
+            assert sb.run("open('f', 'w').write('x')").ok and (base / "ws" / "f").read_text() == "x"
+        assert (base / "ws").is_dir()
+        assert list((base / "ws").iterdir()) == ([] if os.geteuid() == 0 else [base / "ws" / "f"])
+    finally:
+        _sandbox_fs.remove_tree(str(base)) if os.geteuid() == 0 else None
 
 
 def test_episodes_in_parallel_threads(tmp_path: Path):
@@ -222,7 +247,7 @@ def test_episodes_in_parallel_threads(tmp_path: Path):
     from concurrent.futures import ThreadPoolExecutor
 
     def episode(i: int) -> list[object]:
-        with Sandbox(tmp_path / f"ws-{i}", LIMITS) as sb:
+        with Sandbox(limits=LIMITS) as sb:
             return [sb.run(f"import os\nopen('mine', 'a').write('{i}')\nanswer = open('mine').read()").answer
                     for _ in range(3)]
 
@@ -234,8 +259,9 @@ def test_own_temporary_workspace_is_removed():
     with Sandbox(limits=LIMITS) as sb:
         assert sb.run("open('f', 'w').write('x')").ok
         ws = sb.workspace
-        assert (ws / "f").exists() and oct(ws.stat().st_mode & 0o777) == "0o700"
-    assert not ws.exists()
+        # a root host's workspace is a tmpfs whose root only root and the sandbox's group may enter
+        assert (ws / "f").exists() and oct(ws.stat().st_mode & 0o777) == ("0o770" if os.geteuid() == 0 else "0o700")
+    assert not ws.exists() and not ws.parent.exists()
 
 
 # --- the escape suite ------------------------------------------------------------------------------------
@@ -266,7 +292,7 @@ def test_escape_write_outside_workspace(sandbox: Sandbox, outside: Path):
 
 
 def test_escape_read_another_episodes_workspace(sandbox: Sandbox, tmp_path: Path):
-    with Sandbox(tmp_path / "ws-b", LIMITS) as other:
+    with Sandbox(limits=LIMITS) as other:
         assert other.run("open('secret.txt', 'w').write('episode b')").ok
         secret = other.workspace / "secret.txt"
         r = sandbox.run(f"import os\nprint(sorted(os.listdir('/')))\nopen({str(secret)!r}).read()")
@@ -300,7 +326,8 @@ def test_nothing_of_the_project_or_venv_is_mounted():
     root = Path(fhirgym.__file__).resolve().parents[2]
     with Sandbox(limits=LIMITS) as sb:
         argv = sb._argv(_sandbox.PROTECTIONS, 4, [_sandbox.BOOT_PATH, "zygote", "3"])
-        sources = [argv[i + 1] for i, a in enumerate(argv) if a in ("--ro-bind", "--bind")]
+        staged = {v: k for k, v in _sandbox_fs.STAGE.binds.items()}  # binds of what the sandbox uid cannot reach
+        sources = [staged.get(argv[i + 1], argv[i + 1]) for i, a in enumerate(argv) if a in ("--ro-bind", "--bind")]
         assert [s for s in sources if s.startswith(tempfile.gettempdir() + "/")] == [_sandbox._boot_pyc(),
                                                                                      str(sb.workspace)]
     assert not any(s.startswith(str(root) + "/") for s in sources), sources
@@ -423,7 +450,7 @@ def test_processes_left_behind_die_with_the_call(sandbox: Sandbox):
 def test_escape_kill_or_inspect_the_zygote(tmp_path: Path):
     """The episode's zygote (the parent of each call) is not dumpable: its memory and fds stay closed to the
     code; killing it ends only this call, and the next call starts a new sandbox."""
-    with Sandbox(tmp_path / "ws", LIMITS) as sandbox:  # the default mode: a zygote per episode
+    with Sandbox(limits=LIMITS) as sandbox:  # the default mode: a zygote per episode
         r = sandbox.run(_ATTEMPT + "p = os.getppid()\nanswer = {n: attempt(lambda n=n: open(f'/proc/{p}/{n}', 'rb').read(1))"
                         " for n in ('mem', 'environ', 'fd/0')} | {'fds': sorted(os.listdir('/proc/self/fd'))}")
         assert r.ok and r.answer == {"mem": "PermissionError", "environ": "PermissionError", "fd/0": "PermissionError",
@@ -439,7 +466,7 @@ def test_tmp_persists_within_the_episode_only(sandbox: Sandbox, tmp_path: Path):
     assert sandbox.run("open('/tmp/scratch', 'w').write('x')").ok
     r = sandbox.run("answer = open('/tmp/scratch').read()")
     assert r.answer == "x" if sandbox.zygote else "FileNotFoundError" in r.error  # per-call: /tmp per call
-    with Sandbox(tmp_path / "ws-other", LIMITS) as other:
+    with Sandbox(limits=LIMITS) as other:
         assert "FileNotFoundError" in other.run("open('/tmp/scratch')").error
 
 
@@ -453,7 +480,7 @@ def test_escape_10gb_allocation(sandbox: Sandbox):
 def test_escape_memory_growth_past_the_cgroup(tmp_path: Path):
     """Touched pages past the memory cgroup's limit (RLIMIT_AS set higher) end in an OOM kill of the call."""
     limits = SandboxLimits(cpu_s=5, wall_s=15, memory_bytes=256 << 20, address_space_bytes=2 << 30, pids=16)
-    with Sandbox(tmp_path / "ws", limits) as sb:
+    with Sandbox(limits=limits) as sb:
         r = sb.run("chunks = []\nwhile True:\n    chunks.append(b'x' * (16 << 20))")
         assert not r.ok and r.limit == "memory" and "memory limit exceeded" in r.error, r
         assert r.peak_memory_bytes and r.peak_memory_bytes <= (256 << 20) + _sandbox.ZYGOTE_MEMORY
@@ -463,7 +490,7 @@ def test_escape_memory_growth_past_the_cgroup(tmp_path: Path):
 
 def test_escape_infinite_loop(tmp_path: Path):
     """CPU time, not wall time: a generous wall clock, so a loaded machine cannot turn it into a wall kill."""
-    with Sandbox(tmp_path / "ws", SandboxLimits(cpu_s=1, wall_s=60)) as sb:
+    with Sandbox(limits=SandboxLimits(cpu_s=1, wall_s=60)) as sb:
         r = sb.run("while True:\n    pass")
         assert not r.ok and r.limit == "cpu" and "CPU time limit of 1 s exceeded" in r.error, r
         _escape("infinite loop", "RLIMIT_CPU (1 s): SIGXCPU", r, 60)
@@ -475,7 +502,7 @@ def test_escape_infinite_loop(tmp_path: Path):
 
 
 def test_escape_sleep_forever(tmp_path: Path):
-    with Sandbox(tmp_path / "ws", SandboxLimits(wall_s=1.0)) as sb:
+    with Sandbox(limits=SandboxLimits(wall_s=1.0)) as sb:
         r = sb.run("import time\ntime.sleep(3600)")
         assert r.timed_out and r.limit == "wall" and "wall-clock limit exceeded" in r.error
         _escape("sleep forever", "wall clock (1 s): SIGKILL to bwrap, pid namespace torn down", r, 3)

@@ -206,9 +206,33 @@ def test_checks_read_paths_through_lists_and_codings():
     res = {"code": {"coding": [{"system": "s", "code": "1"}, {"system": "t", "code": "2"}]},
            "supportingInfo": [{"reference": "DiagnosticReport/a"}, {"reference": "http://h/fhir/DiagnosticReport/b"}]}
     assert values(res, "code.coding.code") == ["1", "2"]
-    assert coded("code", "t", "2")(res, None) is None and coded("code", "s", "2")(res, None)
+    assert coded("code", "s", "2")(res, None)
     assert refs_exactly("supportingInfo", ["DiagnosticReport/a", "DiagnosticReport/b"])(res, None) is None
     assert refs_exactly("supportingInfo", ["DiagnosticReport/a"])(res, None)
+
+
+def test_a_coded_element_is_exactly_its_concept():
+    """Strict: the expected coding (any display) and nothing else in the same CodeableConcept, but the
+    translations a family declares; with extras, one exact concept among others is enough."""
+    right = {"system": "http://loinc.org", "code": "29463-7", "display": "Body weight"}
+    mi = {"system": "http://snomed.info/sct", "code": "22298006"}
+    check = coded("code", "http://loinc.org", "29463-7")
+    assert check({"code": {"coding": [right]}}, None) is None
+    assert check({"code": {"coding": [{**right, "display": "weight as I wrote it"}]}}, None) is None
+    assert check({"code": {"coding": [right, mi]}}, None)  # a second concept in another system
+    assert check({"code": {"coding": [right, {"system": "http://loinc.org", "code": "2345-7"}]}}, None)
+    assert check({"code": {"coding": [mi]}}, None) and check({"code": {"text": "weight"}}, None)
+    assert check({"code": right}, None) is None  # a Coding itself
+    translated = coded("code", "http://loinc.org", "29463-7",
+                       translations=[("http://snomed.info/sct", "27113001")])
+    assert translated({"code": {"coding": [right, {"system": "http://snomed.info/sct", "code": "27113001"}]}},
+                      None) is None
+    assert translated({"code": {"coding": [right, mi]}}, None)
+    many = coded("category", "s", "a", extras=True)
+    assert many({"category": [{"coding": [{"system": "s", "code": "a"}]}, {"coding": [mi]}]}, None) is None
+    assert many({"category": [{"coding": [{"system": "s", "code": "a"}, mi]}]}, None)
+    assert coded("code", None, "7")({"code": {"coding": [{"system": "any", "code": "7"}]}}, None) is None
+    assert coded("code", None, "7")({"code": {"coding": [{"system": "any", "code": "7"}, mi]}}, None)
 
 
 def test_an_update_that_changes_nothing_is_no_change_whatever_its_serialisation():
@@ -246,9 +270,12 @@ def _cc(*codings: tuple[str, str]) -> dict:
 
 def test_strict_checks_are_exact_where_the_meaning_is_single():
     assert coded("code", SCT, HTN)({"code": _cc((SCT, HTN))}, None) is None
-    assert coded("code", SCT, HTN)({"code": _cc((SCT, HTN), (ICD, "I10"))}, None) is None  # a translation
+    assert coded("code", SCT, HTN)({"code": _cc((SCT, HTN), (ICD, "I10"))}, None)  # undeclared: another concept
+    assert coded("code", SCT, HTN, translations=[(ICD, "I10")])({"code": _cc((SCT, HTN), (ICD, "I10"))},
+                                                                None) is None  # a declared translation
     assert coded("code", SCT, HTN)({"code": _cc((SCT, HTN), (SCT, MI))}, None)  # two concepts
-    assert coded("code", SCT, HTN, extras=True)({"code": _cc((SCT, HTN), (SCT, MI))}, None) is None
+    assert coded("code", SCT, HTN, extras=True)({"code": [_cc((SCT, HTN)), _cc((SCT, MI))]}, None) is None
+    assert coded("code", SCT, HTN, extras=True)({"code": _cc((SCT, HTN), (SCT, MI))}, None)  # one says two things
     two_categories = {"category": [_cc(("c", "vital-signs")), _cc(("c", "laboratory"))]}
     assert coded("category", "c", "vital-signs")(two_categories, None)
     assert coded("category", "c", "vital-signs", extras=True)(two_categories, None) is None

@@ -54,7 +54,7 @@ def test_reference_passes_null_fails_mutations_rejected(family, small_world_path
 #: setup or gold does: re-record it deliberately (``instances_sha256`` prints it).
 INSTANCES_SHA256 = {
     "3a442d3a99845ccfbaba93449ea8b7ffedb3f345f3b2612115ca1e1c897c69f2":
-        "9336458ca76ed90394370f444a43cdd255a10af64bbca035f14a6cdb0ce1e674",
+        "81fde71b4b72a392bd9ae1e46e9a8cdf04761e02032a3a277279a70451955a1b",
 }
 
 
@@ -72,12 +72,18 @@ def test_every_instance_dumps_byte_identical_as_recorded(small_world_path):
 
 
 @pytest.fixture(scope="module")
-def surveyed(small_world_path):
+def survey(small_world_path):
     """Every family × 20 seeds: the gold, whether it is "nothing found", the constant reply's verdict."""
-    from fhirgym.tasks._check import figures, survey_rows
+    from fhirgym.tasks._check import survey_rows
 
-    rows = survey_rows(families(), range(20), TaskWorld.open(small_world_path))
-    return figures(rows, families())
+    return survey_rows(families(), range(20), TaskWorld.open(small_world_path))
+
+
+@pytest.fixture(scope="module")
+def surveyed(survey):
+    from fhirgym.tasks._check import figures
+
+    return figures(survey, families())
 
 
 def test_the_constant_nothing_found_reply_is_never_free(surveyed):
@@ -90,9 +96,33 @@ def test_the_constant_nothing_found_reply_is_never_free(surveyed):
     assert all(f.negative == 0 for f in per_family if not f.none_allowed)
 
 
-def test_the_constant_nothing_found_reply_scores_at_most_5_percent(surveyed):
-    per_family, _ = surveyed
-    assert sum(f.constant for f in per_family) <= 0.05 * sum(f.seeds for f in per_family)
+def test_the_constant_nothing_found_reply_scores_nothing_and_a_look_at_most_5_percent(survey):
+    """The constant reply with no tool call passes no instance (a negative claim needs a look), and what
+    it earns after one look (the share of "nothing found" golds) stays ≤ 5 % of the library on the first
+    1, 3, 5, 10 and 20 seeds: the short runs people make with expensive models."""
+    assert not any(r.nothing_found_passes for r in survey)
+    for n in (1, 3, 5, 10, 20):
+        rows = [r for r in survey if r.seed < n]
+        assert sum(r.negative for r in rows) <= 0.05 * len(rows), (n, sum(r.negative for r in rows), len(rows))
+
+
+def test_negatives_are_spread_over_seeds(survey):
+    """Every family that offers "nothing found" has at most one negative in any three consecutive seeds and
+    3 in every 10; the rule is the kit's (draw.negative_seed), so a family from outside has it too."""
+    from fhirgym.tasks.draw import negative_seed
+
+    offering = {f.id for f in families() if f.answer is not None and f.answer.none_allowed}
+    for fam in offering:
+        neg = [r.negative for r in sorted((r for r in survey if r.task_id == fam), key=lambda r: r.seed)]
+        assert sum(neg) == 6 and all(sum(neg[i:i + 3]) <= 1 for i in range(len(neg) - 2)), (fam, neg)
+
+    class _View:
+        def __init__(self, family: str, seed: int) -> None:
+            self.family, self.seed = family, seed
+
+    for name in [f"outside.family_{i}" for i in range(200)]:
+        neg = [negative_seed(_View(name, s)) for s in range(100)]
+        assert sum(neg) == 30 and all(sum(neg[i:i + 3]) <= 1 for i in range(98)), name
 
 
 def test_no_gold_dominates_a_family(surveyed):

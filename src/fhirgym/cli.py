@@ -30,8 +30,8 @@ def main() -> None:
 @click.option("--admin", is_flag=True, help="Expose POST /admin/snapshot and /admin/reset (off by default).")
 @click.option("--limit", "limits", multiple=True, metavar="NAME=VALUE",
               help="Set a server limit (repeatable): max_body_bytes, max_bundle_entries, max_response_bytes, "
-                   "request_timeout (seconds, 'none': no limit), max_cascade_delete, max_count, page_cache_ids; "
-                   "see docs/SERVER.md.")
+                   "request_timeout, queue_timeout, header_timeout, body_timeout (seconds, 'none': no limit), "
+                   "max_cascade_delete, max_count, page_cache_ids, read_workers; see docs/SERVER.md.")
 def serve(host: str, port: int, db: Path | None, base: Path | None, demo: bool, lenient: bool,
           no_referential_integrity: bool, admin: bool, limits: tuple[str, ...]) -> None:
     """Run the embedded FHIR R4 server (base URL http://HOST:PORT/fhir)."""
@@ -64,7 +64,10 @@ def serve(host: str, port: int, db: Path | None, base: Path | None, demo: bool, 
 
 _LIMITS = {"max_body_bytes": int, "max_bundle_entries": int, "max_response_bytes": int, "request_timeout": float,
            "max_cascade_delete": int, "max_count": int, "page_cache_ids": int, "default_count": int,
-           "max_includes": int}
+           "max_includes": int, "queue_timeout": float, "read_workers": int,
+           "header_timeout": float, "body_timeout": float}
+#: limits in seconds that may be switched off ('none')
+_UNBOUNDED = ("request_timeout", "queue_timeout", "header_timeout", "body_timeout")
 
 
 def _limits(pairs: tuple[str, ...]) -> dict:
@@ -75,7 +78,7 @@ def _limits(pairs: tuple[str, ...]) -> dict:
         if not sep or name not in _LIMITS:
             raise click.BadParameter(f"{pair!r}: expected NAME=VALUE with NAME one of {', '.join(_LIMITS)}",
                                      param_hint="--limit")
-        if name == "request_timeout" and value.lower() == "none":
+        if name in _UNBOUNDED and value.lower() == "none":
             out[name] = None
             continue
         try:
@@ -350,11 +353,12 @@ def tasks_check(selector: str | None, seeds: str, no_mutations: bool, table: boo
     per_family, library_problems = figures(rows, fams)
     if table:
         click.echo(f"{'family':44} {'seeds':>5} {'none?':>5} {'negative':>8} {'constant':>8} {'top gold':>8} "
-                   f"{'distractor first':>16}")
+                   f"{'distractor first':>16} {'wrong codes':>11}")
         for f in per_family:
             bite = f"{f.first_hit}/{f.distracted}" if f.distracted else "-"
+            coded = f"{f.coded_rejected}/{f.coded_applied}" if f.coded_applied else "-"
             click.echo(f"{f.task_id:44} {f.seeds:5} {'yes' if f.none_allowed else '':>5} {f.negative:8} "
-                       f"{f.constant:8} {f.top_gold:8} {bite:>16}")
+                       f"{f.constant:8} {f.top_gold:8} {bite:>16} {coded:>11}")
     for problem in library_problems:
         click.echo(f"PROBLEM {problem}", err=True)
     click.echo(f"{len(fams)} families × {len(seed_list)} seeds = {n} instances")
@@ -365,11 +369,17 @@ def tasks_check(selector: str | None, seeds: str, no_mutations: bool, table: boo
     for name in MUTATIONS:
         got = [r.outcomes[name] for r in rows if name in r.outcomes]
         click.echo(f"  {name:20} {sum(got)}/{len(got)} rejected")
+        if name == "add_wrong_code":
+            click.echo(f"    (every coded element the gold checks, two codings each: "
+                       f"{sum(r.coded_rejected for r in rows)}/{sum(r.coded_applied for r in rows)} runs rejected)")
     click.echo(f"equivalent rewrites: {passed}/{equivalent} pass strict validation")
     for name in EQUIVALENTS:
         got = [r.outcomes[name] for r in rows if name in r.outcomes]
         click.echo(f"  {name:20} {sum(got)}/{len(got)} pass")
-    click.echo(f"constant 'nothing found': strict {constant}/{n} ({100 * constant / max(1, n):.2f} %)")
+    click.echo(f"constant 'nothing found' (no tool call): strict {constant}/{n} ({100 * constant / max(1, n):.2f} %)")
+    negative = sum(r.negative for r in rows)
+    click.echo(f"gold 'nothing found' (what that reply earns after one look): {negative}/{n} "
+               f"({100 * negative / max(1, n):.2f} %)")
     click.echo(f"problems:  {len(bad)} instances, {len(library_problems)} family figures")
     sys.exit(1 if bad or library_problems else 0)
 
@@ -412,22 +422,13 @@ def tasks_paraphrase(selector: str | None, seeds: str, count: int, model: str | 
 # -- eval ----------------------------------------------------------------------------------------------
 
 def _seeds(value: str) -> list[int]:
-    """``--seeds`` everywhere: ``5`` → seeds 0..4; ``3,7`` or ``2-4`` → those seeds."""
-    value = value.strip()
+    """``--seeds`` everywhere: ``5`` → seeds 0..4; ``3,7`` or ``2-4`` → those seeds (tasks.parse_seeds)."""
+    from .tasks import parse_seeds
+
     try:
-        if value.isdigit():
-            if int(value) == 0:
-                raise click.BadParameter("0 selects no seed: N means seeds 0..N-1, so seed 0 alone is 1 (or 0-0)",
-                                         param_hint="--seeds")
-            return list(range(int(value)))
-        out: list[int] = []
-        for part in value.split(","):
-            lo, _, hi = part.partition("-")
-            out.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
-    except ValueError:
-        raise click.BadParameter(f"{value!r}: give N (seeds 0..N-1) or a list like 3,5 or 0-4",
-                                 param_hint="--seeds") from None
-    return out
+        return parse_seeds(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--seeds") from None
 
 
 def _ray_option(f):

@@ -99,10 +99,11 @@ def rate_over_runs(results: list[Result], value: Callable[[Result], float] = suc
     }
 
 
-def floor_rate(results: list[Result]) -> float | None:
-    """% of scored episodes whose instance the constant "nothing found" reply passes (the blind floor on
-    the same instances); None when no line records it (results of older versions)."""
-    known = [r["floor_nothing_found"] for r in scored(results) if r.get("floor_nothing_found") is not None]
+def floor_rate(results: list[Result], field: str = "floor_nothing_found") -> float | None:
+    """% of scored episodes whose instance a floor agent passes on the same instances: the constant
+    "nothing found" reply (``floor_nothing_found``: blind, so 0 since a negative claim needs a look) or the
+    one-search ``guess`` agent (``floor_guess``); None when no line records it (older versions)."""
+    known = [r[field] for r in scored(results) if r.get(field) is not None]
     return mean([100.0 if f else 0.0 for f in known]) if known else None
 
 
@@ -439,7 +440,7 @@ def compute_metrics(results: list[Result], *, n_boot: int = 2000, seed: int = 0)
     def by_field(field: str) -> Callable[[list[Result]], list[dict]]:
         def fn(rs: list[Result]) -> list[dict]:
             return [{field: key, "n_errors": sum(1 for r in sub if is_error(r)), "floor": floor_rate(sub),
-                     **rate_over_runs(scored(sub))}
+                     "floor_guess": floor_rate(sub, "floor_guess"), **rate_over_runs(scored(sub))}
                     for key, sub in sorted(_groupby(rs, lambda r: r.get(field)).items(),
                                            key=lambda kv: str(kv[0]))]
         return fn
@@ -452,7 +453,7 @@ def compute_metrics(results: list[Result], *, n_boot: int = 2000, seed: int = 0)
         rs = by_group[g]
         summary.append({"config": g[0], "setting": g[1], "label": labels[g], "n_episodes": len(rs),
                         "n_errors": sum(1 for r in rs if is_error(r)), "floor": floor_rate(rs),
-                        **rate_over_runs(scored(rs))})
+                        "floor_guess": floor_rate(rs, "floor_guess"), **rate_over_runs(scored(rs))})
 
     comparisons = []
     for setting in dict.fromkeys(s for _, s in groups):

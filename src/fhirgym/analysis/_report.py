@@ -145,20 +145,22 @@ REPORT = """<!doctype html>
 <p class="note">Strict validator; mean ± sample sd (n − 1) of the per-run success rates; pooled = all scored
 episodes together. Errors are infrastructure failures, shown but not counted as failures. The
 nothing-found floor is what the constant "nothing found" reply, with no tool call, scores on the same
-scored instances (computed from the gold, no model run): a score means something only above it.</p>
+scored instances (computed from the gold, no model run): 0, since a "nothing found" passes only after a
+look at the record. The guess floor is what the one-search <code>guess</code> agent scores on them: a score
+means something only above both.</p>
 <div class="scroll"><table>
 <tr><th class="l">config</th><th class="l">setting</th><th>episodes</th><th>errors</th><th>scored</th><th>runs</th>
-<th>success % (mean ± sd)</th><th>pooled %</th><th>nothing-found floor %</th><th class="l">per run %</th></tr>
+<th>success % (mean ± sd)</th><th>pooled %</th><th>nothing-found floor %</th><th>guess floor %</th><th class="l">per run %</th></tr>
 {% for r in m.success %}<tr><td class="l">{{ r.config }}</td><td class="l">{{ r.setting }}</td><td>{{ r.n_episodes | num }}</td>
 <td>{{ r.n_errors | num }}</td><td>{{ r.n | num }}</td><td>{{ r.runs }}</td><td><b>{{ pm(r.mean, r.sd) }}</b></td>
-<td>{{ r.pooled | num }}</td><td>{{ r.floor | num }}</td><td class="l">{% for p in r.per_run %}r{{ p.run }}: {{ p.rate | num }} (n={{ p.n }}){{ ", " if not loop.last }}{% endfor %}</td></tr>
+<td>{{ r.pooled | num }}</td><td>{{ r.floor | num }}</td><td>{{ r.floor_guess | num }}</td><td class="l">{% for p in r.per_run %}r{{ p.run }}: {{ p.rate | num }} (n={{ p.n }}){{ ", " if not loop.last }}{% endfor %}</td></tr>
 {% endfor %}
 </table></div>
 {{ fig("success", "bar chart of success rate per config") }}
 
 <h3 id="by-category">By category</h3>
 <p class="note">Success % (mean ± sd over runs), scored episodes, infrastructure errors and the
-nothing-found floor per config.</p>
+nothing-found and guess floors per config.</p>
 {{ wide_table(wide.category, "category") }}
 {{ fig("success_by_category", "grouped bar chart of success rate by category and config") }}
 <h3 id="by-difficulty">By difficulty</h3>
@@ -431,6 +433,7 @@ def _wide_tables(m: dict[str, Any]) -> dict[str, Any]:
 
     def succ(r: dict[str, Any]) -> str:
         floor = "" if r.get("floor") is None else f", floor {_num(r['floor'])}"
+        floor += "" if r.get("floor_guess") is None else f", guess {_num(r['floor_guess'])}"
         return f"{_pm(r['mean'], r['sd'])} ({r['n']}, {r.get('n_errors', 0)} errors{floor})"
 
     def tok(r: dict[str, Any]) -> str:
@@ -545,14 +548,15 @@ def render_markdown(metrics: dict[str, Any]) -> str:
            f"excluded from success metrics), {meta['n_tasks']} tasks.\n",
            "## Success rate (strict; mean ± sample sd over runs)\n",
            _md_table(["config", "setting", "episodes", "errors", "scored", "runs", "success %", "pooled %",
-                      "nothing-found floor %"],
+                      "nothing-found floor %", "guess floor %"],
                      [[r["config"], r["setting"], r["n_episodes"], r["n_errors"], r["n"], r["runs"],
-                       _pm(r["mean"], r["sd"]), _num(r["pooled"]), _num(r["floor"])] for r in m["success"]])]
+                       _pm(r["mean"], r["sd"]), _num(r["pooled"]), _num(r["floor"]), _num(r.get("floor_guess"))]
+                      for r in m["success"]])]
     for field in ("category", "difficulty"):
         out += [f"### By {field}\n", _md_table(["config", field, "scored", "errors", "success %", "pooled %",
-                                                 "floor %"], [
+                                                 "floor %", "guess %"], [
             [r["label"], r[field], r["n"], r["n_errors"], _pm(r["mean"], r["sd"]), _num(r["pooled"]),
-             _num(r["floor"])] for r in m[f"success_by_{field}"]])]
+             _num(r["floor"]), _num(r.get("floor_guess"))] for r in m[f"success_by_{field}"]])]
     out += ["## Writing tasks: light vs strict validator\n",
             _md_table(["config", "episodes", "errors", "strict %", "light %"],
                       [[r["label"], r["n"], r["n_errors"], _pm(r["strict_mean"], r["strict_sd"]),

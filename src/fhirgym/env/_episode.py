@@ -172,7 +172,7 @@ class Episode:
             raise EpisodeStateError("reset() the episode before submitting")
         if self._verdict is None:
             self._answer = answer
-            self._verdict = self._fork.finish(answer, self._gold)
+            self._verdict = self._fork.finish(answer, self._gold, self.calls)
             self._close_endpoints()
             if self.config.after:
                 self.config.after(self)
@@ -209,6 +209,8 @@ class Episode:
         """Whether the constant "nothing found" reply, with no tool call, passes this instance strictly.
 
         Computed on the frozen gold without running anything: the blind floor reports put beside a score.
+        A "nothing found" passes only after a look at the record, so it is False on every instance (the
+        report shows it beside the ``guess`` agent's floor, which looks once).
         """
         return self.instance.validate(answer_text(NOT_FOUND), [], self._gold).success
 
@@ -245,24 +247,31 @@ class Episode:
         self._mcp.clear()
 
     def _release(self) -> None:
+        """Close what the episode holds; the fork is released even when the workspace's cleanup fails
+        (whose error then propagates: a leftover directory is worth knowing about)."""
         self._close_endpoints()
         if self._key is not None:
             with _LOCK:
                 _LIVE.pop(self._key, None)
             self._key = None
-        if self._workspace is not None:
-            self._workspace.close()
-            self._workspace = None
-        if self._fork is not None:
-            self._fork.close()
-            self._fork = None
+        workspace, self._workspace = self._workspace, None
+        try:
+            if workspace is not None:
+                workspace.close()
+        finally:
+            if self._fork is not None:
+                self._fork.close()
+                self._fork = None
 
 
-def solve_reference(episode: Episode) -> str:
+def solve_reference(episode: Episode, tools: Any = None) -> str:
     """Run the family's reference solution through the episode's tools (the built-in reference agent).
 
     The runner calls this for ``--agent reference`` only; the solver is never handed to an agent.
+    ``tools``: what the solution calls instead of ``episode.tools`` (anything with ``call(name,
+    arguments) -> ToolCall`` that reaches this episode), e.g. inspect's reference model, whose calls
+    become model turns that inspect runs through the episode's tools.
     """
     inst = episode.instance
-    return inst.family.solve(episode.tools, copy.deepcopy(inst.params), inst.now)
+    return inst.family.solve(episode.tools if tools is None else tools, copy.deepcopy(inst.params), inst.now)
 

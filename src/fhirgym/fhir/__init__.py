@@ -11,7 +11,7 @@ A world is a read-only SQLite *base*; ``Snapshot(base).open()`` gives an isolate
 about a millisecond, and ``store.reset(snapshot)`` returns it to that state.
 """
 
-from ._asgi import create_app, run_server
+from ._asgi import create_app, http_protocol, run_server
 from ._client import FhirClient, HttpClient, InProcessClient, TransportError
 from ._core import ServerConfig
 from ._errors import FhirError, Issue, operation_outcome
@@ -40,6 +40,7 @@ __all__ = [
     "TransportError",
     "create_app",
     "dumps_json",
+    "http_protocol",
     "json_default",
     "json_default_str",
     "loads_json",

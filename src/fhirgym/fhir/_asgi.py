@@ -17,10 +17,13 @@ disconnects while sending is one log line.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import signal
 import threading
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Iterator
 from urllib.parse import parse_qsl
 
 import anyio.to_thread
@@ -45,6 +48,9 @@ _DRAIN_FACTOR = 4
 #: worker threads for requests other than GET: they take turns on the store anyway, and must not take all of
 #: the threads that GETs, which run beside them, need
 _WRITE_THREADS = 4
+#: seconds uvicorn waits after the grace period before it cancels what still runs (which it answers with
+#: a plain-text 500): requests stopped at their next check need that long to send their 503
+_SHUTDOWN_MARGIN = 3.0
 
 
 def _render(resp: Response, pretty: bool = False) -> HttpResponse:
@@ -82,10 +88,38 @@ def create_app(server: FhirServer, admin: bool = False) -> Starlette:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    writers: list[anyio.CapacityLimiter] = []
+    limiters: dict[str, anyio.CapacityLimiter] = {}  # made inside the event loop, on first use
 
     def serve(req: Request, pretty: bool) -> HttpResponse:
         return _render(server.handle(req), pretty)
+
+    async def in_thread(req: Request, pretty: bool) -> HttpResponse:
+        """Serve ``req`` in a worker thread: GETs in one of ``read_workers``, the rest in one of
+        :data:`_WRITE_THREADS`. The wait for a thread is bounded (``queue_timeout``, or the shutdown), and a
+        thread that cannot be started is a 503 too: the client may come back, and nothing was done."""
+        if not limiters:  # the threads are bounded by these two, not by anyio's default limiter of 40
+            limiters.update(read=anyio.CapacityLimiter(server.config.read_workers),
+                            write=anyio.CapacityLimiter(_WRITE_THREADS), threads=anyio.CapacityLimiter(1_000_000))
+        limiter = limiters["read" if req.method == "GET" else "write"]
+        wait = server.config.queue_timeout
+        start = time.monotonic()
+        while True:
+            with anyio.move_on_after(0.1 if wait is None else min(0.1, max(0.0, start + wait - time.monotonic()))):
+                await limiter.acquire()
+                break
+            if server.stopping:
+                return _render(Response(503, server.timeout_error().outcome()))
+            if wait is not None and time.monotonic() - start >= wait:
+                err = server.busy_error(f"The request waited {wait} s (queue_timeout) for a worker")
+                return _render(Response(err.status, err.outcome(), err.headers))
+        try:
+            return await anyio.to_thread.run_sync(serve, req, pretty, limiter=limiters["threads"])
+        except (RuntimeError, OSError, MemoryError) as exc:  # no thread could be started (memory, limits)
+            log.warning("no worker thread for %s %s: %r", req.method, req.path, exc)
+            err = server.busy_error(f"No worker could be started for the request ({exc})")
+            return _render(Response(err.status, err.outcome(), err.headers))
+        finally:
+            limiter.release()
 
     async def fhir(request: HttpRequest) -> HttpResponse:
         query = parse_qsl(request.url.query, keep_blank_values=True)
@@ -95,12 +129,19 @@ def create_app(server: FhirServer, admin: bool = False) -> Starlette:
             accept = request.headers.get("accept", "")
             if accept and not _accepts_json(accept):
                 raise FhirError(406, f"Only FHIR JSON is served (Accept: {accept})", "not-supported")
-            body = await read_body(request) if request.method in ("POST", "PUT", "PATCH") else None
+            body = None
+            if request.method in ("POST", "PUT", "PATCH"):
+                with anyio.fail_after(server.config.body_timeout):
+                    body = await read_body(request)
         except FhirError as err:
             return _render(Response(err.status, err.outcome(), err.headers))
         except ClientDisconnect:  # nobody is left to answer: one line, no traceback
             log.info("client disconnected while sending the body of %s %s", request.method, request.url.path)
             return HttpResponse(status_code=400)
+        except TimeoutError:
+            timeout = server.config.body_timeout
+            return _render(Response(408, operation_outcome([Issue("error", "timeout", f"The body did not arrive "
+                                    f"within {timeout} s (body_timeout)")]), {"Connection": "close"}))
         req = Request(
             method="GET" if request.method == "HEAD" else request.method,  # HEAD: GET's headers, no body
             path=request.path_params.get("path", ""),
@@ -109,11 +150,7 @@ def create_app(server: FhirServer, admin: bool = False) -> Starlette:
             body=body,
             raw=not pretty,  # orjson serialises the answer: stored JSON is spliced in, not re-parsed
         )
-        if req.method == "GET":
-            return await anyio.to_thread.run_sync(serve, req, pretty)
-        if not writers:  # made inside the event loop, on the first write
-            writers.append(anyio.CapacityLimiter(_WRITE_THREADS))
-        return await anyio.to_thread.run_sync(serve, req, pretty, limiter=writers[0])
+        return await in_thread(req, pretty)
 
     async def admin_op(request: HttpRequest) -> HttpResponse:
         op = request.path_params["op"]
@@ -180,7 +217,8 @@ async def _drain(stream: AsyncIterator[bytes], budget: int | None = None) -> boo
 def run_server(server: FhirServer, host: str, port: int, admin: bool = False, grace: float = 2.0) -> None:
     """Serve ``server`` over HTTP until SIGINT/SIGTERM. On the signal, requests still running get
     ``grace`` seconds, then stop at their next check (a transaction rolls back, 503), so the process
-    ends within a few seconds however busy it is."""
+    ends within a few seconds however busy it is. Either signal returns here (the caller cleans up:
+    a scratch layer is removed)."""
     import uvicorn
 
     class _Server(uvicorn.Server):
@@ -190,10 +228,72 @@ def run_server(server: FhirServer, host: str, port: int, admin: bool = False, gr
             stop.start()
             super().handle_exit(sig, frame)  # type: ignore[arg-type]
 
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            with super().capture_signals():
+                yield
+                # uvicorn raises the signal again once it has shut down; SIGTERM's default action would
+                # then end the process before the caller's cleanup runs (SIGINT's is a KeyboardInterrupt)
+                self._captured_signals = [s for s in self._captured_signals if s != signal.SIGTERM]
+
     config = uvicorn.Config(create_app(server, admin=admin), host=host, port=port, log_level="warning",
-                            timeout_graceful_shutdown=grace + 1)
+                            http=http_protocol(server.config.header_timeout),
+                            # after `grace`, requests end at their next check: their 503s have time to go out
+                            timeout_graceful_shutdown=grace + _SHUTDOWN_MARGIN)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it handled, as uvicorn.run does
         _Server(config).run()
+
+
+def http_protocol(header_timeout: float | None) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol, closing connections that do not send a request's head in time: an idle
+    connection, or one that sends its head a byte at a time (slowloris), holds a socket and memory for
+    nothing. uvicorn itself closes a connection idle after a response (``timeout_keep_alive``), not one
+    idle from the start, nor a slow head. A partial head is answered 408 before the close."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    class HeadTimeout(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+        _timer: asyncio.TimerHandle | None = None
+        _waiting_for: object = None  # the request cycle in place when the timer started
+        _partial = False  # bytes of the awaited head have come
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            super().connection_made(transport)  # type: ignore[arg-type]
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if self._timer is None and (self.cycle is None or self.cycle.response_complete):
+                self._arm()  # the first bytes of the next request on a kept-alive connection
+            self._partial = True
+            super().data_received(data)
+            if self._timer is not None and self.cycle is not self._waiting_for:
+                self._disarm()  # its head is complete: the request has begun
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            if header_timeout is not None:
+                self._waiting_for, self._partial = self.cycle, False
+                self._timer = self.loop.call_later(header_timeout, self._expired)
+
+        def _disarm(self) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+        def _expired(self) -> None:
+            self._timer = None
+            if self.transport.is_closing():
+                return
+            if self._partial:
+                body = dumps(operation_outcome([Issue("error", "timeout", f"The request's head did not arrive "
+                                                                         f"within {header_timeout} s (header_timeout)")]))
+                self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/fhir+json\r\n"
+                                     b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+            self.transport.close()
+
+    return HeadTimeout
 
 
 def _check_path(request: HttpRequest) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 from .._gc import gc_paused
 from ._core import ServerConfig, ServerCore
 from ._errors import FhirError, Issue, bad_request, invalid_resource
-from ._http import ID_RE
+from ._http import id_rule, is_id
 from ._json import dumps, loads
 from ._store import CURRENT_TABLES, SCRATCH_CACHE, Record, Store, create_tables, insert_records
 from ._write import record
@@ -155,8 +155,8 @@ def load(server: ServerCore, resources: list[dict], validate: bool = True, worke
         rtype, rid = res.get("resourceType"), res.get("id")
         if not isinstance(rtype, str) or not server.spec.is_resource_type(rtype):
             raise bad_request(f"resource #{n}: unknown resourceType {rtype!r}")
-        if not isinstance(rid, str) or not ID_RE.fullmatch(rid):
-            raise bad_request(f"resource #{n}: invalid id {rid!r}")
+        if not is_id(rid):
+            raise bad_request(f"resource #{n}: invalid id {rid!r} ({id_rule(rid)})")
         last[(rtype, rid)] = n
     existing = server.store.versions(list(last))
     items = [(n, resources[n], existing.get(key, 0) + 1) for key, n in sorted(last.items(), key=lambda kv: kv[1])]

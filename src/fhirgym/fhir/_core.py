@@ -24,6 +24,9 @@ from ._http import Request, Response, format_instant
 from ._search import SearchEngine
 from ._store import Store
 
+#: seconds a client is asked to wait (``Retry-After``) when the server is too busy to take its request
+RETRY_AFTER = 2
+
 
 @dataclass
 class ServerConfig:
@@ -56,6 +59,18 @@ class ServerConfig:
     #: resources ``_include`` / ``_revinclude`` may add to one page (``:iterate`` over ``*`` can reach a
     #: whole world); beyond it the page says so in an OperationOutcome entry, as HAPI caps its includes
     max_includes: int = 1000
+    #: seconds a request may wait for its turn (a write for the writes before it, a read for a free reader)
+    #: before it is answered 503 with ``Retry-After`` (None: as long as it takes); ``request_timeout``
+    #: counts from when it has its turn
+    queue_timeout: float | None = 30.0
+    #: requests that only read served at once on a file-backed store, each on its own reader connection
+    #: (beyond it they wait their turn, as above); over HTTP, also the worker threads for them
+    read_workers: int = 8
+    #: over HTTP, seconds a client has to send a request's head (from connecting, or from its first byte
+    #: after a response): a connection that does not is closed, with a 408 if it had begun (None: no limit)
+    header_timeout: float | None = 10.0
+    #: over HTTP, seconds a client has to send a request's body once its head is in (408 beyond)
+    body_timeout: float | None = 60.0
 
 
 _COMPONENTS: dict[int, tuple] = {}
@@ -74,7 +89,11 @@ def _components(spec: Spec) -> tuple:
 
 
 class ServerCore:
-    """An R4 server's state over one :class:`Store`, without routing (see :class:`FhirServer`)."""
+    """An R4 server's state over one :class:`Store`, without routing (see :class:`FhirServer`).
+
+    A request that only reads is served by a shallow copy of the server whose store is a reader: state
+    that requests change (the page cache and its count, the shutdown flag) lives in objects the copies
+    share, never in a plain attribute that a copy would rebind."""
 
     def __init__(self, store: Store, spec: Spec | None = None, config: ServerConfig | None = None) -> None:
         self.store = store
@@ -90,14 +109,36 @@ class ServerCore:
         #: remembered result lists by paging token (see :mod:`._paging`), guarded by ``pages_lock``
         self.pages: OrderedDict[str, dict] = OrderedDict()
         self.pages_lock = threading.Lock()
-        self.pages_held = 0  # ids in ``pages``
+        self._held = [0]  # ids in ``pages``: in a list, shared with the views a read runs on
         self._lock = threading.RLock()
         self._budget = threading.local()  # the running request's deadline and response bytes, per thread
-        self.stopping = False  # set on shutdown: running requests stop at their next check
+        self._shutdown = threading.Event()  # shared with the views a read runs on (shallow copies)
         store.interrupt = self.past_deadline
+        store.max_readers = self.config.read_workers
         self.capability: dict | None = None
         self.ref_cache: dict[str, tuple[str, str] | None] = {}  # reference string -> local target
         self.admin_snapshot = None  # used only by the optional admin HTTP routes
+
+    @property
+    def pages_held(self) -> int:
+        """Ids in :attr:`pages` (guarded by ``pages_lock``)."""
+        return self._held[0]
+
+    @pages_held.setter
+    def pages_held(self, value: int) -> None:
+        self._held[0] = value
+
+    @property
+    def stopping(self) -> bool:
+        """Set on shutdown: running requests stop at their next check (the readers' views see it too)."""
+        return self._shutdown.is_set()
+
+    @stopping.setter
+    def stopping(self, value: bool) -> None:
+        if value:
+            self._shutdown.set()
+        else:
+            self._shutdown.clear()
 
     @property
     def base(self) -> str:
@@ -153,6 +194,12 @@ class ServerCore:
         return FhirError(408, f"The request ran longer than the server's limit of {self.config.request_timeout} s "
                               "(request_timeout); nothing of an unfinished transaction was kept. Ask for less "
                               "(smaller Bundles, _count, fewer includes)", "timeout")
+
+    @staticmethod
+    def busy_error(why: str) -> FhirError:
+        """503 for a request that could not get its turn: the client should come back shortly."""
+        return FhirError(503, f"{why}; the server is busy, retry shortly", "transient",
+                         headers={"Retry-After": str(RETRY_AFTER)})
 
     def as_timeout(self, exc: BaseException) -> FhirError | None:
         """The timeout error when ``exc`` is SQLite's interruption of a request that ran out of time."""

@@ -13,14 +13,31 @@ from datetime import UTC, datetime
 from urllib.parse import parse_qsl
 
 from ._errors import FhirError, bad_request
-from ._json import dumps, loads
+from ._json import deeper_than, parse_body
 from ._values import END_INSTANT, date_range
 
-#: a resource id (``fullmatch`` only: ``$`` would also accept a trailing newline)
+#: a resource id (``fullmatch`` only: ``$`` would also accept a trailing newline); see :func:`is_id`
 ID_RE = re.compile(r"[A-Za-z0-9\-.]{1,64}")
+#: JSON nesting (arrays and objects) a request body may have. FHIR resources need a few dozen levels at
+#: most; the validator walks at most 100 objects deep, orjson writes at most 254 levels. A body beyond it is
+#: refused before anything else looks at it.
+MAX_JSON_DEPTH = 128
 #: a version id: ASCII digits (``str.isdigit`` also accepts "²"), at most SQLite's 64-bit integers
 VERSION_RE = re.compile(r"[0-9]{1,18}")
 FHIR_JSON = "application/fhir+json"
+
+
+def is_id(value: object) -> bool:
+    """Whether ``value`` may name a resource: FHIR's id pattern, less the two ids it allows that a URL
+    cannot carry (``Patient/..`` is ``Patient``'s parent to every HTTP client, RFC 3986 dot-segments)."""
+    return isinstance(value, str) and ID_RE.fullmatch(value) is not None and value not in (".", "..")
+
+
+def id_rule(value: object) -> str:
+    """Why ``value`` is not an id (see :func:`is_id`), for the refusal's diagnostics."""
+    if value in (".", ".."):
+        return "'.' and '..' are not ids: a URL cannot carry them"
+    return "ids are 1-64 of A-Z a-z 0-9 - ."
 
 
 @dataclass
@@ -33,6 +50,8 @@ class Request:
     #: the caller serialises the response with orjson (the HTTP adapter): stored resources may then be
     #: spliced into it as ``orjson.Fragment`` bytes instead of being parsed and re-serialised
     raw: bool = False
+    #: the body as :func:`json_body` parsed and checked it (it is asked more than once: see ``_routes``)
+    parsed: dict | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -84,13 +103,19 @@ def if_match(req: Request) -> int | None:
 
 
 def json_body(req: Request, max_bytes: int) -> dict:
-    """The request's JSON object (415 for other content types, 413 beyond ``max_bytes``)."""
+    """The request's JSON object (415 for other content types or encodings, 413 beyond ``max_bytes``,
+    400 nested beyond :data:`MAX_JSON_DEPTH`); parsed once per request."""
+    if req.parsed is not None:
+        return req.parsed
     body = req.body
     if isinstance(body, dict):
         try:  # an in-process body must be storable JSON (no 128-bit ints, sets, objects): 400, not a 500
-            dumps(body)
+            deep = deeper_than(body, MAX_JSON_DEPTH)
         except TypeError as exc:
             raise bad_request(f"The body is not JSON-serialisable: {exc}", "structure") from None
+        if deep:
+            raise too_deep(MAX_JSON_DEPTH + 1)
+        req.parsed = body
         return body
     if not body:
         raise bad_request("Request body is empty; a FHIR JSON resource is required", "required")
@@ -99,13 +124,32 @@ def json_body(req: Request, max_bytes: int) -> dict:
     ctype = req.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype and ctype not in ("application/fhir+json", "application/json", "application/json+fhir"):
         raise FhirError(415, f"Unsupported content type {ctype!r}: only FHIR JSON is accepted", "not-supported")
+    check_encoding(req)
     try:
-        data = loads(body)
+        data, depth = parse_body(body, MAX_JSON_DEPTH)
     except ValueError as exc:
+        if "depth limit" in str(exc):  # orjson's own limit (1024), far beyond ours
+            raise too_deep(MAX_JSON_DEPTH + 1) from None
         raise bad_request(f"Malformed JSON: {exc}", "structure") from None
+    if depth > MAX_JSON_DEPTH:
+        raise too_deep(depth)
     if not isinstance(data, dict):
         raise bad_request("The body must be a JSON object (a FHIR resource)", "structure")
+    req.parsed = data
     return data
+
+
+def too_deep(depth: int) -> FhirError:
+    more = f"{depth} levels" if depth <= MAX_JSON_DEPTH else f"more than {MAX_JSON_DEPTH} levels"
+    return bad_request(f"The body nests arrays and objects {more} deep; the server accepts at most "
+                       f"{MAX_JSON_DEPTH}", "too-costly")
+
+
+def check_encoding(req: Request) -> None:
+    """415 for a compressed (or otherwise encoded) body: bodies are read as they come, uncompressed."""
+    encoding = req.headers.get("content-encoding", "").strip().lower()
+    if encoding not in ("", "identity"):
+        raise FhirError(415, f"Unsupported Content-Encoding {encoding!r}: send the body uncompressed", "not-supported")
 
 
 def resource_body(req: Request, rtype: str, max_bytes: int) -> dict:
@@ -130,6 +174,7 @@ def form_body(req: Request) -> list[tuple[str, str]]:
     ctype = req.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype != "application/x-www-form-urlencoded":
         raise FhirError(415, "POST _search expects application/x-www-form-urlencoded", "not-supported")
+    check_encoding(req)
     try:
         return parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
     except UnicodeDecodeError:

@@ -194,12 +194,21 @@ def summary_mode(value: str, modes: tuple[str, ...] = ("true", "false", "text", 
     return value
 
 
+#: distinct names one ``_elements`` may list: the largest R4 resource has fewer than a hundred elements,
+#: a few hundred with every choice type spelled out (``valueQuantity`` ...)
+MAX_ELEMENTS = 1000
+
+
 def element_names(value: str) -> list[str]:
-    """The names of a checked ``_elements`` value."""
-    names = [e.strip() for e in value.split(",") if e.strip()]
+    """The distinct names of a checked ``_elements`` value (400 beyond :data:`MAX_ELEMENTS`)."""
+    names = list(dict.fromkeys(e.strip() for e in value.split(",") if e.strip()))
+    if len(names) > MAX_ELEMENTS:
+        raise bad_request(f"_elements lists {len(names)} names; the server takes at most {MAX_ELEMENTS}",
+                          "too-costly", ("_elements",))
     nested = [e for e in names if not e.replace("_", "").isalnum() or not e.isascii()]
     if nested:  # R4's _elements names top-level elements only; 'name.family' used to keep nothing
-        raise bad_request(f"_elements takes top-level element names, got {nested}", "not-supported", ("_elements",))
+        raise bad_request(f"_elements takes top-level element names, got {nested[:10]}", "not-supported",
+                          ("_elements",))
     return names
 
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 
 from . import _bulk, _routes
 from . import _write as write
 from ._core import ServerCore
 from ._errors import FhirError, Issue, operation_outcome
 from ._http import Request, Response
-from ._store import Record
+from ._store import Record, Unavailable
 from .ops import search as search_op
 
 log = logging.getLogger("fhirgym.fhir")
@@ -28,21 +29,53 @@ class FhirServer(ServerCore):
     def handle(self, req: Request) -> Response:
         """Serve one request; never raises. Within ``request_timeout`` seconds and ``max_response_bytes``.
 
-        Writes (and everything but GET) take turns on the store's connection. A GET on a store with
-        :attr:`~._store.Store.concurrent_reads` runs on this thread's own read connection instead, so it
-        is served while a long write runs (it sees what was committed when it began)."""
-        saved = self.begin_request()
+        A request that writes takes the write turn (the store's one connection), waiting for it at most
+        ``queue_timeout`` seconds (then 503 with ``Retry-After``); its time limit starts once it has it.
+        A request that only reads, on a store with :attr:`~._store.Store.concurrent_reads`, takes a reader
+        of the store instead (:meth:`~._store.Store.reading`): one read transaction, so all it reads is
+        one committed state, and it is served while a long write runs."""
         try:
-            if req.method == "GET" and self.store.concurrent_reads:
-                view = copy.copy(self)
-                view.store = self.store.reader()
-                resp = self._serve(view, req)
-                self.capability = self.capability or view.capability  # computed once, kept by the server
-                return resp
-            with self._lock:
+            reads = self.store.concurrent_reads and _routes.reads_only(self, req)
+        except Exception:  # whatever is wrong with the request, serving it says so (as a write: to be safe)
+            reads = False
+        try:
+            return self._read(req) if reads else self._write(req)
+        except FhirError as err:  # no turn in time, or shutting down
+            return Response(err.status, err.outcome(), dict(err.headers))
+
+    def _read(self, req: Request) -> Response:
+        try:
+            with self.store.reading(self.config.queue_timeout, lambda: self.stopping) as reader:
+                saved = self.begin_request()  # its time starts now that it has a reader
+                try:
+                    view = copy.copy(self)
+                    view.store = reader
+                    resp = self._serve(view, req)
+                finally:
+                    self.end_request(saved)
+        except Unavailable as exc:
+            if self.stopping:
+                raise self.timeout_error() from None
+            raise self.busy_error(f"No reader of the store was free: {exc}") from None
+        self.capability = self.capability or view.capability  # computed once, kept by the server
+        return resp
+
+    def _write(self, req: Request) -> Response:
+        wait = self.config.queue_timeout
+        limit = None if wait is None else time.monotonic() + wait
+        while not self._lock.acquire(timeout=0.1 if limit is None else max(0.0, min(0.1, limit - time.monotonic()))):
+            if self.stopping:
+                raise self.timeout_error()
+            if limit is not None and time.monotonic() >= limit:
+                raise self.busy_error(f"The request waited {wait} s (queue_timeout) for the writes before it")
+        try:
+            saved = self.begin_request()  # its time starts now that it has its turn
+            try:
                 return self._serve(self, req)
+            finally:
+                self.end_request(saved)
         finally:
-            self.end_request(saved)
+            self._lock.release()
 
     def _serve(self, core: ServerCore, req: Request) -> Response:
         try:

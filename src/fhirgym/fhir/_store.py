@@ -18,6 +18,7 @@ import os
 import sqlite3
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,6 +120,20 @@ BOTH = ("main", "base")
 #: filled in 8.9 s instead of 4.6 s, and indexed in 8.9 s instead of 7.1 s. Pages are allocated as used.
 SCRATCH_CACHE = -1_000_000
 
+#: How much of the read-only base each connection maps into memory (SQLite ``mmap_size``): reads of a
+#: world then come from the OS page cache without a copy. Per connection, in address space: with a
+#: gigabyte each, a dozen readers reserved 12 GB and failed under an address-space cap. 256 MiB maps a
+#: 10-patient world (128 MB) whole; the rest of a larger one is read with ``pread``.
+BASE_MMAP = 256 * 1024 * 1024
+
+#: Reader connections a file-backed store keeps at most (:meth:`Store.reading`), unless set otherwise.
+DEFAULT_READERS = 8
+
+
+class Unavailable(RuntimeError):
+    """The store cannot serve a read now: every reader connection stayed busy for the whole wait, or a
+    new one could not be opened (no file descriptors, no memory). Worth retrying later."""
+
 
 def merged(table: str, where: str = "", cols: str = "*", sides: tuple[str, ...] = BOTH) -> str:
     """SQL for the current rows of ``table`` across layer and base (base rows the layer shadows hidden).
@@ -201,8 +216,11 @@ class Store:
         self._depth = 0
         #: asked by SQLite every few thousand steps of a statement: True interrupts it (a request out of time)
         self.interrupt: Callable[[], bool] | None = None
-        self._readers = threading.local()
-        self._reader_conns: list[sqlite3.Connection] = []
+        #: at most this many reader connections (:meth:`reading`); each is checked out by one request
+        self.max_readers = DEFAULT_READERS
+        self._idle: list[Store] = []  # reader views not in use
+        self._open_readers = 0  # reader connections open, idle or in use
+        self._pool = threading.Condition(threading.Lock())
         if snapshot is not None and snapshot.layer is not None and self.path is not None:
             raise ValueError("a snapshot with a layer opens in memory only")
         if self.base is not None and not self.base.is_file():
@@ -262,7 +280,7 @@ class Store:
     def _attach_base(self, conn: sqlite3.Connection) -> None:
         if self.base is not None:
             conn.execute("ATTACH DATABASE ? AS base", ("file:" + str(self.base) + "?mode=ro&immutable=1",))
-            conn.execute("PRAGMA base.mmap_size=1073741824")
+            conn.execute(f"PRAGMA base.mmap_size={BASE_MMAP}")
         else:
             conn.execute("ATTACH DATABASE ':memory:' AS base")
             for stmt in _schema("base"):
@@ -278,33 +296,102 @@ class Store:
         readers see the last committed state while a write is under way."""
         return self.path is not None and not self.scratch
 
-    def reader(self) -> Store:
-        """A read-only view of this store on this thread's own connection (see :attr:`concurrent_reads`):
-        what was committed when its read began, never a write in progress, and no wait for the writer."""
+    @contextlib.contextmanager
+    def reading(self, wait: float | None = None, stop: Callable[[], bool] | None = None) -> Iterator[Store]:
+        """A read-only view of this store inside one read transaction (see :attr:`concurrent_reads`): every
+        statement made through it sees the state committed when its first one ran, never a write in
+        progress, and none waits for the writer.
+
+        The view's connection comes from a pool of at most :attr:`max_readers`, opened as needed and
+        kept for the next request (not tied to a thread: threads come and go, their connections stayed
+        open). Raises :class:`Unavailable` when none is free within ``wait`` seconds (None: as long as it
+        takes; ``stop()`` true ends the wait too) or a new one cannot be opened."""
+        view = self._checkout(wait, stop)
+        try:
+            view.conn.execute("BEGIN")
+        except sqlite3.Error as exc:
+            self._checkin(view, False)
+            raise Unavailable(f"a reader connection failed: {exc}") from exc
+        view._depth = 1  # a batch's per-entry transactions become savepoints of this read
+        try:
+            yield view
+        finally:
+            view._depth = 0
+            healthy = False  # whether the read ended cleanly, so that the connection may serve the next one
+            with contextlib.suppress(sqlite3.Error):
+                if view.conn.in_transaction:
+                    view.conn.execute("ROLLBACK")  # nothing to keep: the view writes nothing
+                healthy = True
+            self._checkin(view, healthy)
+
+    def _checkout(self, wait: float | None, stop: Callable[[], bool] | None) -> Store:
         if not self.concurrent_reads:
             raise ValueError("concurrent reads need a durable file-backed store (WAL)")
-        view = getattr(self._readers, "store", None)
-        if view is None:
-            view = object.__new__(Store)
-            view.base, view.path, view.scratch = self.base, self.path, False
-            view.lock, view._depth, view._readers, view._reader_conns = threading.RLock(), 0, threading.local(), []
-            view._base_rows, view.uniform_base = self._base_rows, self.uniform_base
-            view.interrupt = self.interrupt
-            conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False,
-                                   cached_statements=1024)
+        limit = None if wait is None else time.monotonic() + wait
+        with self._pool:
+            while not self._idle and self._open_readers >= self.max_readers:
+                left = None if limit is None else limit - time.monotonic()
+                if (left is not None and left <= 0) or (stop is not None and stop()):
+                    raise Unavailable(f"all {self.max_readers} reader connections stayed busy")
+                self._pool.wait(0.1 if left is None else min(left, 0.1))
+            if self._idle:
+                view = self._idle.pop()
+                view.interrupt = self.interrupt  # the server's deadline check, set after the store was made
+                return view
+            self._open_readers += 1
+        try:
+            return self._open_reader()
+        except BaseException as exc:
+            with self._pool:
+                self._open_readers -= 1
+                self._pool.notify()
+            if isinstance(exc, sqlite3.Error | OSError | MemoryError):
+                raise Unavailable(f"no reader connection could be opened: {exc}") from exc
+            raise
+
+    def _checkin(self, view: Store, healthy: bool) -> None:
+        """Back to the pool; a connection whose read could not end cleanly is closed instead."""
+        if not healthy:
+            with contextlib.suppress(sqlite3.Error):
+                view.conn.close()
+        with self._pool:
+            if healthy:
+                self._idle.append(view)
+            else:
+                self._open_readers -= 1
+            self._pool.notify()
+
+    def _open_reader(self) -> Store:
+        view = object.__new__(Store)
+        view.base, view.path, view.scratch = self.base, self.path, False
+        view.lock, view._depth = threading.RLock(), 0
+        view.max_readers, view._idle, view._open_readers, view._pool = 0, [], 0, threading.Condition()
+        view._base_rows, view.uniform_base = self._base_rows, self.uniform_base
+        view.interrupt = self.interrupt
+        conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False,
+                               cached_statements=1024)
+        try:
             view._attach_base(conn)
             conn.execute("PRAGMA query_only=1")
-            view.conn = conn
-            self._readers.store = view
-            self._reader_conns.append(conn)  # list.append is atomic; self.lock may be held by a writer
-        view.interrupt = self.interrupt
+        except BaseException:
+            conn.close()
+            raise
+        view.conn = conn
         return view
+
+    def reader_count(self) -> int:
+        """Reader connections open now (idle or in use): at most :attr:`max_readers`."""
+        with self._pool:
+            return self._open_readers
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def close(self) -> None:
+        with self._pool:
+            idle, self._idle = self._idle, []
+            self._open_readers -= len(idle)
+        for view in idle:
+            view.conn.close()
         with self.lock:
-            for conn in self._reader_conns:
-                conn.close()
             self.conn.close()
 
     def __enter__(self) -> Store:

@@ -5,6 +5,8 @@ Reads, vreads and search entries shape their resources the same way, through :fu
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from ..spec import ElementDef, Spec
 from ._http import Request, Response
 from ._search import element_names, summary_mode
@@ -25,7 +27,8 @@ def shaped(spec: Spec, req: Request, resp: Response) -> Response:
     return resp
 
 
-def subset(spec: Spec, body: dict, summary: str | None, elements: list[str] | None) -> dict:
+def subset(spec: Spec, body: dict, summary: str | None, elements: Collection[str] | None) -> dict:
+    """``body`` cut down to a ``_summary`` mode or the ``_elements`` named (a set, for a page of them)."""
     if summary in (None, "false") and not elements:
         return body
     rtype = body["resourceType"]
@@ -37,7 +40,7 @@ def subset(spec: Spec, body: dict, summary: str | None, elements: list[str] | No
     elif summary == "true":
         kept = {k: v for k, v in body.items() if k in keep_always or _is_summary(spec, rtype, k)}
     else:
-        wanted = set(elements or [])
+        wanted = elements if isinstance(elements, set | frozenset) else set(elements or ())
         # mandatory elements are kept too, as the specification asks (the result stays valid)
         kept = {
             k: v for k, v in body.items()

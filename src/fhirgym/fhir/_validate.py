@@ -50,11 +50,12 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from collections.abc import Callable
 
 from fhirgym.spec import ElementDef, Spec
 
-from ._errors import Issue
+from ._errors import FhirError, Issue
 from ._invariants import Invariant, Invariants
 from ._json import FhirDecimal
 from ._values import date_range
@@ -62,6 +63,11 @@ from ._xhtml import xhtml_problem
 
 #: JSON object nesting deeper than this is refused instead of risking Python's recursion limit.
 MAX_DEPTH = 100
+#: units of work (see :meth:`Validator._step`) between two calls of a validation's ``stop``
+_STEPS = 2000
+#: a resource of more units than this has its FHIRPath evaluations made interruptible (see
+#: :func:`._invariants._interruptible`): a few thousand elements, far beyond any ordinary resource
+_LARGE = 20_000
 
 _INT_MIN = -(2**31)
 _INT_MAX = 2**31 - 1
@@ -337,23 +343,46 @@ class Validator:
         self._valuesets: dict[str, tuple[frozenset[tuple[str, str]], frozenset[str]] | None] = {}
         self._refs: dict[str, str] = {}  # valid reference -> its resource type ("" if it has none)
         self.invariants = Invariants(spec)
+        self._local = threading.local()  # the running validation's ``stop`` and steps, per thread
 
     # -- public --------------------------------------------------------------------------------
-    def validate(self, resource: object, invariants: bool = True) -> list[Issue]:
+    def validate(self, resource: object, invariants: bool = True, stop: Callable[[], None] | None = None
+                 ) -> list[Issue]:
         """All problems with one resource; [] if valid. Never raises on any input (any JSON value).
 
         ``invariants``: also evaluate the error-level FHIRPath invariants (:mod:`._invariants`), on a
-        resource that is otherwise valid (they assume its structure)."""
+        resource that is otherwise valid (they assume its structure). ``stop``: called every few
+        thousand elements and before each FHIRPath evaluation; what it raises (a request's deadline,
+        a :class:`FhirError`) ends the validation and is raised here."""
         issues: list[Issue] = []
+        outer, self._local.stop = getattr(self._local, "stop", None), stop
+        self._local.steps = self._local.walked = 0
         try:
             self._resource(resource, "", issues, 0)
+            # a FHIRPath evaluation on a large resource may itself run for seconds: then it is interruptible
+            self._local.guard = stop if self._local.walked > _LARGE else None
             if invariants and not issues:
                 self._invariants(resource, self._plan(resource["resourceType"]), resource,  # type: ignore[index]
                                  resource["resourceType"], issues)  # type: ignore[index]
+        except FhirError:
+            raise
         except Exception as exc:  # a bug here must not turn bad input into a server error
             issues[:] = [i for i in issues if type(i) is not _LocalRef]
             issues.append(Issue("error", "exception", f"Validator failure: {type(exc).__name__}: {exc}", ()))
+        finally:
+            self._local.stop = outer
         return issues
+
+    def _step(self, n: int = 1) -> None:
+        """Count ``n`` units of work (elements walked, invariants evaluated): ``stop()`` every
+        :data:`_STEPS` of them, a few milliseconds of work."""
+        local = self._local
+        if local.stop is not None:
+            local.steps += n
+            local.walked += n
+            if local.steps >= _STEPS:
+                local.steps = 0
+                local.stop()
 
     # -- walking -------------------------------------------------------------------------------
     def _resource(self, res: object, path: Path, issues: list[Issue], depth: int) -> None:
@@ -372,6 +401,7 @@ class Validator:
             return
         plan = self._plans.get(rt) or self._plan(rt)
         start = len(issues)
+        self._step(len(res))
         self._object(res, plan, path or rt, issues, depth)
         if type(path) is tuple and path[1] == "contained":
             return  # its #id references belong to its container, which checks them
@@ -389,7 +419,8 @@ class Validator:
         if invs is None:
             invs = plan.invariants = self.invariants.at(plan.key)
         if invs:
-            self.invariants.check(invs, obj, plan.key, root, path, issues, _render)
+            self._step(8 * len(invs))  # an evaluation costs about what walking a few elements does
+            self.invariants.check(invs, obj, plan.key, root, path, issues, _render, self._local.guard)
         fields = plan.fields
         for key, val in obj.items():
             f = fields.get(key)
@@ -542,6 +573,7 @@ class Validator:
             elif mode == _COMPLEX_MANY:
                 if type(val) is list and val:
                     sub = f.plan or self._resolve(f)
+                    self._step(len(val))
                     for i, item in enumerate(val):
                         if type(item) is dict:
                             p = (path, key, i)

@@ -7,13 +7,12 @@ whichever door it came in by. Conditional writes pick their target here too.
 
 from __future__ import annotations
 
-import copy
 from urllib.parse import parse_qsl
 
 from ._core import ServerCore
 from ._errors import FhirError, Issue, bad_request, invalid_resource
-from ._http import ID_RE, VERSION_RE
-from ._json import dumps
+from ._http import VERSION_RE, id_rule, is_id
+from ._json import copy_json, dumps
 from ._refs import iter_references, reference_strings, reference_strings_json, rewrite_references
 from ._store import Record
 from ._values import split_reference
@@ -22,7 +21,7 @@ from ._values import split_reference
 def validate(server: ServerCore, resource: dict) -> None:
     """422 for a resource with errors (unless the server does not validate)."""
     if server.config.validate:
-        issues = server.validator.validate(resource, server.config.invariants)
+        issues = server.validator.validate(resource, server.config.invariants, server.check_time)
         errors = [i for i in issues if i.severity in ("error", "fatal")]
         if errors:
             raise invalid_resource(errors)
@@ -134,7 +133,7 @@ def store(server: ServerCore, rec: Record) -> None:
 
 def create(server: ServerCore, rtype: str, body: dict, rid: str | None = None, pending: set | None = None) -> Record:
     """Validate, assign id/meta, check references and store a new resource."""
-    body = copy.deepcopy(body)
+    body = copy_json(body)
     body.pop("id", None)
     rewrite_references(body, lambda ref: resolve_conditional_reference(server, ref))
     validate(server, body)
@@ -148,9 +147,9 @@ def create(server: ServerCore, rtype: str, body: dict, rid: str | None = None, p
 def update(server: ServerCore, rtype: str, rid: str, body: dict, if_match: int | None = None,
            pending: set | None = None) -> tuple[Record, bool]:
     """Store a new version (or create with the client's id). Returns (record, created)."""
-    if not isinstance(rid, str) or not ID_RE.fullmatch(rid):
-        raise bad_request(f"Invalid resource id {rid!r} (ids are 1-64 of A-Z a-z 0-9 - .)", "invalid", ("id",))
-    body = copy.deepcopy(body)
+    if not is_id(rid):
+        raise bad_request(f"Invalid resource id {rid!r} ({id_rule(rid)})", "invalid", ("id",))
+    body = copy_json(body)
     if body.get("id") != rid:
         raise bad_request(
             f"The id in the body ({body.get('id')!r}) must equal the id in the URL ({rid!r})", "invalid", ("id",)

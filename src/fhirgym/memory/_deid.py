@@ -1,6 +1,7 @@
 """De-identification of lessons: no value of a training instance may reach the memory.
 
-Before a lesson is stored, every value the training instance carries — its parameters (names, ids,
+Before a lesson is stored (and before a critique or a model's malformed reply reaches the training log,
+which lives in the same shareable directory), every value the training instance carries — its parameters (names, ids,
 dates, codes, phone numbers, member ids), its setup resources' ids, its gold answer's values — is
 replaced by a placeholder named for its kind (``<NAME>``, ``<ID>``, ``<DATE>``, ``<PHONE>``,
 ``<MEMBER_ID>``, ``<VALUE>``); then patterns catch what the transcript may have added (UUIDs, ISO dates
@@ -89,6 +90,17 @@ def sensitive_values(params: dict, answer: Any = None, setup: list[dict] | None 
             if isinstance(tel, dict) and tel.get("value"):
                 add("phone", str(tel["value"]), "<PHONE>")
     return out
+
+
+def deidentify_all(value: Any, values: dict[str, str]) -> Any:
+    """Every string in a JSON value de-identified (:func:`deidentify`), keys included."""
+    if isinstance(value, str):
+        return deidentify(value, values)
+    if isinstance(value, dict):
+        return {deidentify(str(k), values): deidentify_all(v, values) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [deidentify_all(v, values) for v in value]
+    return value
 
 
 def deidentify(text: str, values: dict[str, str]) -> str:

@@ -4,8 +4,10 @@ For every (family, seed) of the selection, up to ``trials`` runs with early stop
 each run the evaluator critiques it and the reflector writes one macro lesson and micro tips; they are
 de-identified against that instance and stored (near-duplicates merged). Trial 2 of a variation sees the
 lessons trial 1 produced (and what else the memory retrieves for it) in its system prompt. Every run and
-every skipped reflection is logged in ``MEMDIR/training.jsonl``; ``MEMDIR/training.json`` sums the cost
-(episodes, tokens, minutes). The store is frozen at the end.
+every skipped reflection is logged in ``MEMDIR/training.jsonl``, its critique and any quoted reply
+de-identified like the lessons (the directory is what a user shares or serves: it holds no value of a
+training instance); ``MEMDIR/training.json`` sums the cost (episodes, tokens, minutes). The store is
+frozen at the end.
 
 With ``parallel`` > 1 or ``ray``, the actor's episodes run in an episode pool (threads here, or a Ray
 cluster's workers): every variation's first trial depends on no lesson, so those all run ahead; the
@@ -29,7 +31,7 @@ from ..env import Config
 from ..runner import EpisodeKey, EvalError, Recipe, RunError, episode_pool, run_episode
 from ..tasks import Instance, TaskWorld, make_instance, offline_paraphrase, render, select
 from ..tools import FHIR_TOOLS
-from ._deid import deidentify, sensitive_values
+from ._deid import deidentify, deidentify_all, sensitive_values
 from ._reflect import Malformed, Usage, evaluate, prompts_digest, reflect, run_digest
 from ._serve import PROMPT_TOKENS, budgeted_block
 from ._store import Lesson, MemoryStore, MemoryStoreError
@@ -107,23 +109,25 @@ def train_memory(spec: TrainSpec, world: TaskWorld, *, actor=None, evaluator: Ch
     usage = Usage()
     started = time.perf_counter()
     episodes = actor_tokens = 0
+    if spec.paraphrase and paraphraser is None:
+        raise ValueError("training on paraphrases needs a paraphraser")
     variations = []
     for fam in fams:
         for seed in spec.seeds:
             inst = make_instance(fam.id, seed, world)
-            if spec.paraphrase:
-                if paraphraser is None:
-                    raise ValueError("training on paraphrases needs a paraphraser")
-                inst = paraphraser(inst, spec.paraphrase)
-            variations.append((fam, seed, inst))
+            variations.append((fam, seed, paraphraser(inst, spec.paraphrase) if spec.paraphrase else inst))
+    # every training instance's values, for every text stored: a critique of one run may quote another's
+    secrets: dict[str, str] = {}
+    for _, _, inst in variations:
+        answer = render(inst.gold.answer) if inst.gold.answer is not None else None
+        for value, kind in sensitive_values(inst.params, answer, inst.setup).items():
+            secrets.setdefault(value, kind)
     with _actor_pool(spec, world, given if spec.ray is not None else actor, budget, paraphraser) as pool:
         # every first trial needs no lesson: with a pool they all run ahead, consumed below in order
         ahead = {(fam.id, seed): pool.submit(EpisodeKey("memory-train", fam.id, seed, inst.paraphrase, 1),
                                              Recipe(fam.id, seed, spec.paraphrase, written=True), _config())
                  for fam, seed, inst in variations if pool and (fam.id, seed, 1) not in done}
         for fam, seed, inst in variations:
-            secrets = sensitive_values(inst.params, render(inst.gold.answer) if inst.gold.answer is not None else None,
-                                       inst.setup)
             mine: list[Lesson] = []
             for trial in range(1, spec.trials + 1):
                 if (fam.id, seed, trial) in done:  # resumed: this run is logged (its lessons are stored)
@@ -192,15 +196,16 @@ def _actor_pool(spec: TrainSpec, world: TaskWorld, actor, budget: int | None, pa
 def _reflect_one(store: MemoryStore, transcript: dict, record: dict, models: dict, secrets: dict[str, str],
                  evaluator: ChatBackend, reflector: ChatBackend, usage: Usage, with_specs: bool, category: str,
                  mine: list[Lesson]) -> dict:
+    """Critique and reflect on one run; what it returns joins the training log, de-identified."""
     digest = run_digest(transcript)
     try:
         critique = evaluate(evaluator, digest, usage)
     except Malformed as exc:
-        return {"skipped": {"stage": "evaluator", "reason": str(exc)}}
+        return {"skipped": {"stage": "evaluator", "reason": deidentify(str(exc), secrets)}}
     try:
         lessons = reflect(reflector, digest, critique, usage, with_specs)
     except Malformed as exc:
-        return {"critique": critique, "skipped": {"stage": "reflector", "reason": str(exc)}}
+        return deidentify_all({"critique": critique, "skipped": {"stage": "reflector", "reason": str(exc)}}, secrets)
     provenance = {k: record[k] for k in ("family", "seed", "trial", "outcome", "time")} | {"models": models}
     made = [Lesson("macro", deidentify(lessons["macro"], secrets), category=category, provenance=[provenance])]
     made += [Lesson("micro", deidentify(t["tip"], secrets), t["resource_type"], t["operation"], category=category,
@@ -210,7 +215,7 @@ def _reflect_one(store: MemoryStore, transcript: dict, record: dict, models: dic
         stored, was_merged = store.add(lesson)
         merged += was_merged
         mine.append(stored)
-    return {"critique": critique, "lessons": len(made), "merged": merged,
+    return {"critique": deidentify_all(critique, secrets), "lessons": len(made), "merged": merged,
             "spec_calls": len(lessons.get("consulted", []))}
 
 

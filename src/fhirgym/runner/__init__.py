@@ -5,12 +5,23 @@
 """
 
 from ._dispatch import Recipe, RunError
-from ._episode import EpisodeKey, run_episode
-from ._eval import EvalError, EvalSpec, episode_pool, instance_seed, plan, progress_line, run_eval, summary
+from ._episode import DEFAULT_MAX_STEPS, EpisodeKey, run_episode, verdict_fields
+from ._eval import (
+    EvalError,
+    EvalSpec,
+    episode_pool,
+    instance_for,
+    instance_seed,
+    plan,
+    progress_line,
+    run_eval,
+    summary,
+)
 from ._judge import Agreement, JudgeVerdict, LlmJudge, agreement, gold_text
 from ._results import RESULTS, append_result, read_results
 
 __all__ = [
+    "DEFAULT_MAX_STEPS",
     "RESULTS",
     "Agreement",
     "EpisodeKey",
@@ -24,6 +35,7 @@ __all__ = [
     "append_result",
     "episode_pool",
     "gold_text",
+    "instance_for",
     "instance_seed",
     "plan",
     "progress_line",
@@ -31,4 +43,5 @@ __all__ = [
     "run_episode",
     "run_eval",
     "summary",
+    "verdict_fields",
 ]

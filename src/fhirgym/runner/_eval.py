@@ -28,7 +28,7 @@ import orjson
 from .._defaults import QA_PER_TEMPLATE
 from ..agents import DEFAULT_MODEL, MODEL_AGENTS, default_iterations, make_agent, needs_model
 from ..env import Config, UnknownConfig, configs, get_config
-from ..tasks import TaskWorld, select
+from ..tasks import Instance, TaskWorld, select
 from ..world import world_sha256
 from ._dispatch import EpisodeRunner, Recipe, ResultSink, RunError, ThreadPool
 from ._episode import EpisodeKey
@@ -141,6 +141,12 @@ def qa_questions(spec: EvalSpec, world: TaskWorld) -> dict[str, list]:
                 by.setdefault(q.template, []).append(q)
         _QUESTIONS[key] = by
     return _QUESTIONS[key]
+
+
+def instance_for(spec: EvalSpec, world: TaskWorld, key: EpisodeKey) -> Instance:
+    """The task instance an episode of ``plan(spec)`` runs on (its reference solution computed with it):
+    ``recipe(spec, key, world)`` built, the one home of key → instance for every runner of episodes."""
+    return recipe(spec, key, world).build(world)
 
 
 def _seal(spec: EvalSpec) -> None:
@@ -282,12 +288,14 @@ def summary(results: list[dict]) -> str:
         tokens = sum(r["tokens"]["prompt"] + r["tokens"]["completion"] for r in group) / max(1, len(group))
         errors = len(group) - len(scored)
         rate = f"{100 * ok / len(scored):5.1f}" if scored else "    -"
-        floors = [r["floor_nothing_found"] for r in scored if r.get("floor_nothing_found") is not None]
-        floor = f"{100 * sum(floors) / len(floors):5.1f}" if floors else "    -"
-        return f"{label:28} {len(group):5} {rate} % {light} % {errors:6} {floor} % {tokens:9.0f}"
+        floors = []
+        for name in ("floor_nothing_found", "floor_guess"):
+            known = [r[name] for r in scored if r.get(name) is not None]
+            floors.append(f"{100 * sum(known) / len(known):5.1f} %" if known else "    - %")
+        return f"{label:28} {len(group):5} {rate} % {light} % {errors:6} {floors[0]} {floors[1]} {tokens:9.0f}"
 
-    head = (f"{'':28} {'n':>5} {'strict':>7} {'light':>7} {'errors':>6} {'floor':>7} {'tokens/ep':>9}"
-            "   (floor: the constant nothing-found reply on the same instances)")
+    head = (f"{'':28} {'n':>5} {'strict':>7} {'light':>7} {'errors':>6} {'floor':>7} {'guess':>7} {'tokens/ep':>9}"
+            "   (floors on the same instances: the constant nothing-found reply, the one-search guess)")
     lines = [head, "-" * len(head)]
     for cat in sorted({r["category"] for r in results}):
         lines.append(row(cat, [r for r in results if r["category"] == cat]))
@@ -310,5 +318,5 @@ def progress_line(line: dict, finished: int, total: int, started: float, counts:
             f"{elapsed:5.0f}s elapsed, ~{eta:4.0f}s left  {line['task_id'][:40]:40}")
 
 
-__all__ = ["RESULTS", "EvalError", "EvalSpec", "episode_pool", "instance_seed", "plan", "progress_line", "recipe",
-           "run_eval", "summary"]
+__all__ = ["RESULTS", "EvalError", "EvalSpec", "episode_pool", "instance_for", "instance_seed", "plan", "progress_line",
+           "recipe", "run_eval", "summary"]

@@ -5,7 +5,7 @@
     inst = make_instance("scheduling.book_first_free_slot", seed=3, world=world)
     with inst.open() as fork:           # isolated store at the pre-run state
         ...                              # the reference solution works through fork.toolbox()
-        verdict = fork.finish(final_answer)
+        verdict = fork.finish(final_answer, calls=box.calls)   # box = fork.toolbox()
 
 Agents never get a fork: they work in a :class:`fhirgym.env.Episode`.
 
@@ -56,6 +56,7 @@ from ._paraphrase import (
     written_paraphrase,
     written_phrasings,
 )
+from ._seeds import parse_seeds
 from .checks import Check
 from .draw import EitherWay, deal, pick
 
@@ -110,6 +111,7 @@ __all__ = [
     "paraphrase_source",
     "parse_answer",
     "parse_instant",
+    "parse_seeds",
     "pick",
     "proximity",
     "register",

@@ -21,7 +21,7 @@ import orjson
 from ._answer import NOT_FOUND, answer_text, render
 from ._failure import failure_modes_of
 from ._family import Family, Instance, TaskWorld, View, families, make_instance
-from ._mutate import EQUIVALENTS, MUTATIONS, run_mutation
+from ._mutate import EQUIVALENTS, MUTATIONS, run_mutation, variants
 
 MIN_MUTATIONS = 3
 #: The near-misses issue 4 names: a wrong target entity, a missing or wrong field, an extra unrelated write.
@@ -51,6 +51,8 @@ class CheckRow:
     equivalents_applied: int = 0
     equivalents_passed: int = 0
     outcomes: dict[str, bool] = field(default_factory=dict)  # applied mutation -> the validator got it right
+    coded_applied: int = 0  # runs of add_wrong_code (two per coded element the gold checks)
+    coded_rejected: int = 0
     nothing_found_passes: bool = False  # the constant "nothing found" reply passes strict
     negative: bool = False  # the gold answer is "nothing found"
     gold_key: str = ""  # the gold (answer and expected changes) as one comparable string
@@ -103,16 +105,21 @@ def _mutate(inst: Instance, row: CheckRow) -> None:
                 row.problems.append(f"equivalent {name} fails strict validation: {why}")
     applied = set()
     for name in MUTATIONS:
-        out = run_mutation(inst, name)
-        if not out.applied:
-            continue
-        applied.add(name)
-        row.mutations_applied += 1
-        row.outcomes[name] = out.rejected
-        if out.rejected:
-            row.mutations_rejected += 1
-        else:
-            row.problems.append(f"mutation {name} passes strict validation")
+        for variant in range(variants(inst, name)):
+            out = run_mutation(inst, name, variant)
+            if not out.applied:
+                continue
+            applied.add(name)
+            row.mutations_applied += 1
+            row.outcomes[name] = row.outcomes.get(name, True) and out.rejected
+            if name == "add_wrong_code":
+                row.coded_applied += 1
+                row.coded_rejected += out.rejected
+            if out.rejected:
+                row.mutations_rejected += 1
+            else:
+                row.problems.append(f"mutation {name}{f' (run {variant})' if variant else ''} passes strict "
+                                    f"validation: {out.verdict.reasons if out.verdict else ''}")
     if not inst.writes:
         return
     for kinds in REQUIRED_MUTATIONS:
@@ -175,6 +182,8 @@ class FamilyFigures:
     top_gold: int  # instances sharing the most frequent gold other than "nothing found"
     distracted: int  # instances with a distractor (Family.distractor_probe not None)
     first_hit: int  # of those, instances where the plain search's first hit is a distractor
+    coded_applied: int = 0  # add_wrong_code runs (two per coded element the gold checks, per instance)
+    coded_rejected: int = 0
     problems: list[str] = field(default_factory=list)
 
 
@@ -190,7 +199,8 @@ def figures(rows: list[CheckRow], fams: Iterable[Family]) -> tuple[list[FamilyFi
         probes = [r.first_hit_distractor for r in mine if r.first_hit_distractor is not None]
         fig = FamilyFigures(task_id, len(mine), none_allowed, sum(r.negative for r in mine),
                             sum(r.nothing_found_passes for r in mine), max(golds.values(), default=0),
-                            len(probes), sum(probes))
+                            len(probes), sum(probes), sum(r.coded_applied for r in mine),
+                            sum(r.coded_rejected for r in mine))
         n = fig.seeds
         if fig.negative == n:
             fig.problems.append("every instance is 'nothing found'")

@@ -14,6 +14,7 @@ import hashlib
 import random
 import threading
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from functools import cached_property
@@ -25,8 +26,9 @@ import orjson
 from ..fhir import FhirError, FhirServer, InProcessClient, ServerConfig, Snapshot, Store
 from ..tools import FHIR_TOOLS, Toolbox, ToolCall, ToolContext
 from ..world import DEFAULT_ANCHOR, META_KEY
-from ._answer import AnswerSpec, render
+from ._answer import NOT_FOUND, AnswerSpec, render
 from ._diff import Change, Mark, diff, mark
+from ._evidence import looked_at
 from ._expect import Expect, match
 
 CATEGORIES = ("records", "billing", "scheduling", "orders", "clinical")
@@ -184,6 +186,13 @@ class Family:
     prohibited_tools: ClassVar[tuple[str, ...] | None] = None
     answer: ClassVar[AnswerSpec | None] = None
     title: ClassVar[str] = ""
+    #: the resource types a "nothing found" answer is a claim about: it passes only after a successful
+    #: search or read of one of them (None: the instance's resource types but Patient, else Patient)
+    negative_evidence: ClassVar[tuple[str, ...] | None] = None
+
+    def negative(self, gold: Gold) -> bool:
+        """Whether ``gold``'s answer is "nothing found" (what a reply may claim only after a look)."""
+        return gold.answer is NOT_FOUND
 
     def stream(self, seed: int) -> tuple[str, int]:
         """The label and seed of the random streams that draw instance ``seed`` (clock, params, setup ids):
@@ -327,10 +336,15 @@ class Verdict:
     reasons: list[str]
     collateral: list[str]
     changes: list[Change]
+    #: the answer was the right "nothing found", but the run never looked at what it is about
+    unsupported_negative: bool = False
 
     def to_json(self) -> dict:
-        return {"success": self.success, "light_success": self.light_success, "answer_ok": self.answer_ok,
-                "reasons": self.reasons, "collateral": self.collateral}
+        out = {"success": self.success, "light_success": self.light_success, "answer_ok": self.answer_ok,
+               "reasons": self.reasons, "collateral": self.collateral}
+        if self.unsupported_negative:
+            out["unsupported_negative"] = True
+        return out
 
 
 @dataclass
@@ -374,6 +388,13 @@ class Instance:
         return fam.sequences if self.writes or fam.read_sequences is None else fam.read_sequences
 
     @property
+    def evidence_types(self) -> tuple[str, ...]:
+        """The types a "nothing found" answer of this instance must have looked at (one of them)."""
+        if self.family.negative_evidence is not None:
+            return self.family.negative_evidence
+        return tuple(t for t in self.resource_types if t != "Patient") or ("Patient",)
+
+    @property
     def prohibited_tools(self) -> tuple[str, ...]:
         if self.family.prohibited_tools is not None:
             return self.family.prohibited_tools
@@ -393,16 +414,24 @@ class Instance:
         server = FhirServer(store, self.world.spec, self.server_config())
         return Fork(self, store, InProcessClient(server, self.snapshot), mark(store))
 
-    def validate(self, final_answer: str | None, changes: list[Change], gold: Gold | None = None) -> Verdict:
-        """Judge a final answer and a store diff against ``gold`` (default: the instance's own)."""
+    def validate(self, final_answer: str | None, changes: list[Change], gold: Gold | None = None,
+                 calls: Iterable[Any] = ()) -> Verdict:
+        """Judge a final answer, a store diff and the run's tool ``calls`` against ``gold`` (default: the
+        instance's own). A right "nothing found" passes only if ``calls`` looked at what it is about
+        (:attr:`evidence_types`): no calls, no evidence."""
         fam = self.family
         gold = self.gold if gold is None else gold
         reasons: list[str] = []
         answer_ok: bool | None = None
+        unsupported = False
         if fam.answer is not None and gold.answer is not None:
             why = fam.answer.compare(fam.answer.parse(final_answer), gold.answer)
             answer_ok = not why
             reasons += [f"answer: {r}" for r in why]
+            if answer_ok and fam.negative(gold) and not looked_at(calls) & set(self.evidence_types):
+                unsupported = True
+                reasons.append(f"answer: 'nothing found' without a successful search or read of "
+                               f"{' or '.join(self.evidence_types)}: a negative claim needs a look at the record")
         m = match(gold.expects, changes)
         for exp, why in m.unmet:
             reasons += [f"missing change: {exp.describe()}: {'; '.join(why)}"]
@@ -410,7 +439,7 @@ class Instance:
         reasons += [f"collateral write: {c}" for c in collateral]
         success = not reasons
         light = (m.light_ok and bool(changes)) if self.writes else None
-        return Verdict(success, light, answer_ok, reasons, collateral, changes)
+        return Verdict(success, light, answer_ok, reasons, collateral, changes, unsupported)
 
     @cached_property
     def reference(self) -> ReferenceRun:
@@ -418,7 +447,7 @@ class Instance:
         with self.open() as ep:
             box = ep.toolbox()
             text = self.family.solve(box, self.params, self.now)
-            return ReferenceRun(text, box.calls, ep.finish(text))
+            return ReferenceRun(text, box.calls, ep.finish(text, calls=box.calls))
 
     @property
     def expected_min_calls(self) -> int:
@@ -457,8 +486,9 @@ class Fork:
     def changes(self) -> list[Change]:
         return diff(self.store, self.start)
 
-    def finish(self, final_answer: str | None, gold: Gold | None = None) -> Verdict:
-        return self.instance.validate(final_answer, self.changes(), gold)
+    def finish(self, final_answer: str | None, gold: Gold | None = None, calls: Iterable[Any] = ()) -> Verdict:
+        """The verdict on the store's state now, the final answer and the run's tool ``calls``."""
+        return self.instance.validate(final_answer, self.changes(), gold, calls)
 
     def close(self) -> None:
         self.store.close()

@@ -3,13 +3,14 @@
 Each *wrong* mutation runs a family's reference solution through a toolbox that corrupts its writes
 (or its answer) in one way a careless or hostile agent would: the wrong target entity, a required
 element left out, a wrong value, a write left out, an extra unrelated write, a scratch resource
-created and deleted again, a wrong code next to the right one, a wrong target next to the right one,
+created and deleted again, a coding of another concept next to the right one (at every coded element the gold checks, in another
+system and in the same one), a wrong target next to the right one,
 a modifier that negates the resource (``doNotPerform``, a cancelling status, ``active: false``), an
 unknown ``modifierExtension``, a rewritten narrative or an added security label on an update, an answer
 hedged between two candidates. A validator that passes one of them is too loose.
 
 Each *equivalent* mutation changes only the form: instants written with ``+00:00`` instead of ``Z``,
-decimals with a trailing ``.0``, an extra update that leaves a resource's content as it was, the answer
+decimals with a trailing ``.0``, the right codings with a display of the agent's own wording, an extra update that leaves a resource's content as it was, the answer
 with units, Reference objects, one-element lists or all-null fields for "nothing found". A validator
 that fails one of them is too strict.
 """
@@ -169,21 +170,76 @@ def _checks(inst: Instance, rtype: str, kind: str) -> list[Check]:
 #: Real codes of another meaning, per system: what an agent that codes two concepts at once adds.
 _RIVAL_CODES = {SNOMED: ("22298006", "38341003"), LOINC: ("2345-7", "718-7"), RXNORM: ("197361", "310965"),
                 CVX: ("140", "08")}
+#: A coding of another concept in another system (SNOMED's myocardial infarction; LOINC's creatinine
+#: where the concept already is that one).
+_FOREIGN = ({"system": SNOMED, "code": "22298006", "display": "Myocardial infarction"},
+            {"system": LOINC, "code": "2160-0", "display": "Creatinine [Mass/volume] in Serum or Plasma"})
+_OPS = {"createResource": "create", "updateResource": "update"}
 
 
-def _add_wrong_code(inst: Instance) -> Callable:
-    """Next to the right coding, a coding of another concept in the same system."""
+def _concept_path(path: str) -> str:
+    """The CodeableConcept a check's path is about (``code.coding.code`` → ``code``)."""
+    return path.split(".coding")[0]
+
+
+def coded_targets(inst: Instance) -> list[tuple[int, str]]:
+    """Every coded element the gold checks in the reference's writes, as (write index, element path): the
+    paths of the expectation's checks that hold CodeableConcepts in what the reference wrote."""
+    out: list[tuple[int, str]] = []
+    writes = [c for c in inst.reference.calls if c.name in WRITES]
+    for i, call in enumerate(writes):
+        body, rtype = call.arguments.get("body") or {}, call.arguments.get("resourceType")
+        for exp in inst.gold.expects:
+            if exp.rtype != rtype or exp.op != _OPS[call.name]:
+                continue
+            for check in exp.checks:
+                path = _concept_path(check.path)
+                if (i, path) not in out and any(isinstance(v, dict) and isinstance(v.get("coding"), list)
+                                                for v in values(body, path)):
+                    out.append((i, path))
+    return out
+
+
+def _rival(concept: dict, same_system: bool) -> dict:
+    """A coding of another concept for ``concept``: in its own system, or in another one."""
+    have = {(c.get("system"), c.get("code")) for c in concept["coding"] if isinstance(c, dict)}
+    if not same_system:
+        return dict(next(f for f in _FOREIGN if (f["system"], f["code"]) not in have))
+    system, code = next(iter(sorted(have, key=str)), (SNOMED, ""))
+    rival = next(r for r in _RIVAL_CODES.get(system, (f"{code}0", f"{code}1")) if (system, r) not in have)
+    return {"system": system, "code": rival}
+
+
+def _add_wrong_code(inst: Instance, variant: int) -> Callable:
+    """At one coded element the gold checks (variant // 2 of :func:`coded_targets`), a second coding of
+    another concept next to the right one: in another system (even variants) or in the same one (odd)."""
+    index, path = coded_targets(inst)[variant // 2]
+
     def edit(box: Toolbox, name: str, args: dict) -> dict | None:
-        body = args.get("body") or {}
-        checks = sorted(_checks(inst, args.get("resourceType", ""), "coded"), key=lambda c: c.want[0] not in _RIVAL_CODES)
-        for check in checks:
-            system, code = check.want
-            for concept in values(body, check.path):
-                if system and isinstance(concept, dict) and isinstance(concept.get("coding"), list):
-                    rival = next(r for r in _RIVAL_CODES.get(system, (f"{code}0", f"{code}1")) if r != code)
-                    concept["coding"].append({"system": system, "code": rival})
-                    return args
-        return NA
+        if box.writes - 1 != index:
+            return NA
+        concepts = [v for v in values(args.get("body") or {}, path) if isinstance(v, dict)
+                    and isinstance(v.get("coding"), list)]
+        for concept in concepts:
+            concept["coding"].append(_rival(concept, same_system=bool(variant % 2)))
+        return args if concepts else NA
+    return edit
+
+
+def _recoded_display(inst: Instance) -> Callable:
+    """The right codings with a display of the agent's own wording (the code is what counts)."""
+    targets = coded_targets(inst)
+
+    def edit(box: Toolbox, name: str, args: dict) -> dict | None:
+        here = [path for i, path in targets if i == box.writes - 1]
+        changed = False
+        for path in here:
+            for concept in values(args.get("body") or {}, path):
+                for coding in concept.get("coding", []) if isinstance(concept, dict) else []:
+                    if isinstance(coding, dict) and coding.get("code"):
+                        coding["display"] = f"{coding.get('display') or coding['code']} (as the clinician wrote it)"
+                        changed = True
+        return args if changed else NA
     return edit
 
 
@@ -345,33 +401,45 @@ MUTATIONS = ("wrong_target", "drop_field", "wrong_value", "skip_write", "extra_w
              "add_wrong_code", "add_wrong_target", "flip_modifier", "modifier_extension", "rewrite_narrative",
              "add_security_label", "hedged_answer")
 #: Right solutions in another form: every applied one must pass strict validation.
-EQUIVALENTS = ("equivalent_writes", "identical_update", "equivalent_answer")
+EQUIVALENTS = ("equivalent_writes", "recoded_display", "identical_update", "equivalent_answer")
 
 
-def _edit(inst: Instance, mutation: str) -> Callable | None:
+def variants(inst: Instance, mutation: str) -> int:
+    """How many runs a mutation has on an instance: ``add_wrong_code`` two per coded element the gold
+    checks (another system's coding, the same system's), every other one a single run."""
+    return 2 * len(coded_targets(inst)) if mutation == "add_wrong_code" else 1
+
+
+def _edit(inst: Instance, mutation: str, variant: int) -> Callable | None:
+    if mutation == "add_wrong_code":
+        return _add_wrong_code(inst, variant)
     return {"wrong_target": _retarget, "drop_field": _drop(inst), "wrong_value": _wrong_value(inst),
-            "skip_write": _skip, "add_wrong_code": _add_wrong_code(inst), "add_wrong_target": _add_wrong_target(inst),
+            "skip_write": _skip, "add_wrong_target": _add_wrong_target(inst),
             "flip_modifier": _flip_modifier, "modifier_extension": _modifier_extension,
             "rewrite_narrative": _rewrite_narrative, "add_security_label": _add_security_label,
-            "equivalent_writes": _equivalent_writes}.get(mutation)
+            "equivalent_writes": _equivalent_writes, "recoded_display": _recoded_display(inst)}.get(mutation)
 
 
-def run_mutation(inst: Instance, mutation: str) -> Outcome:
-    """Run the reference solution of ``inst`` perturbed by ``mutation`` and validate the result."""
+def run_mutation(inst: Instance, mutation: str, variant: int = 0) -> Outcome:
+    """Run the reference solution of ``inst`` perturbed by ``mutation`` (its ``variant``-th run, see
+    :func:`variants`) and validate the result."""
     spec, gold = inst.family.answer, inst.gold.answer
+    if variant >= variants(inst, mutation):
+        return Outcome(mutation, False, None)
     with inst.open() as ep:
         inner = ep.toolbox()
-        edit = _edit(inst, mutation)
+        edit = _edit(inst, mutation, variant)
         if edit is not None:
             box = _Mutating(inner, edit, target=0 if mutation != "skip_write" else _last_write(inst))
             text = inst.family.solve(box, inst.params, inst.now)
-            return Outcome(mutation, True, ep.finish(text)) if box.applied else Outcome(mutation, False, None)
+            return Outcome(mutation, True, ep.finish(text, calls=box.calls)) if box.applied else \
+                Outcome(mutation, False, None)
         if mutation in ("hedged_answer", "equivalent_answer"):
             if spec is None or gold is None:
                 return Outcome(mutation, False, None)
             inst.family.solve(inner, inst.params, inst.now)
             text = (_hedged if mutation == "hedged_answer" else _equivalent_answer)(spec, gold)
-            return Outcome(mutation, True, ep.finish(text))
+            return Outcome(mutation, True, ep.finish(text, calls=inner.calls))
         if mutation == "identical_update" and not inst.writes:
             return Outcome(mutation, False, None)
         text = inst.family.solve(inner, inst.params, inst.now)
@@ -390,7 +458,7 @@ def run_mutation(inst: Instance, mutation: str) -> Outcome:
             inner.call("updateResource", {"resourceType": "Patient", "resourceId": patient,
                                           "body": _reserialised({k: v for k, v in current.items() if k != "meta"}
                                                                 | {"meta": current.get("meta", {})})})
-        return Outcome(mutation, True, ep.finish(text))
+        return Outcome(mutation, True, ep.finish(text, calls=inner.calls))
 
 
 def _patient_of(inst: Instance) -> str | None:

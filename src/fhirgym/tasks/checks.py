@@ -118,18 +118,24 @@ def codings(concept: Any) -> list[dict]:
     return [c for c in found if isinstance(c, dict)]
 
 
-def coded(path: str, system: str | None, code: str, extras: bool = False) -> Check:
-    """The concept at ``path`` (a CodeableConcept or a Coding) is ``system|code``.
+def coded(path: str, system: str | None, code: str, extras: bool = False,
+          translations: Iterable[tuple[str, str]] = ()) -> Check:
+    """The concept at ``path`` (a CodeableConcept or a Coding) is ``system|code``, exactly.
 
-    Strict: every concept at the path carries the coding and no other code of the same system (another
-    system's coding is a translation). With ``extras``, one concept carrying it is enough.
+    Strict: every concept at the path carries the coding (any display; ``system`` None: any system) and no
+    other coding, but for the ``translations`` the family declares ((system, code) pairs meaning the same
+    concept): a second coding of another concept makes the element say two things. With ``extras`` (a
+    multi-valued element), one concept at the path that is exactly this one is enough.
     """
+    allowed = {(system, code), *translations}
+
+    def is_it(c: dict) -> bool:
+        return c.get("code") == code and (system is None or c.get("system") == system)
+
     def means_it(concept: Any) -> bool:
         found = codings(concept)
-        hit = [c for c in found if c.get("code") == code and (system is None or c.get("system") == system)]
-        rivals = [c for c in found if c.get("code") != code
-                  and (system is None or c.get("system") in (system, None))]
-        return bool(hit) and (extras or not rivals)
+        return any(map(is_it, found)) and all(
+            is_it(c) or (c.get("system"), c.get("code")) in allowed for c in found)
 
     def fn(after: dict, before: dict | None) -> str | None:
         concepts = values(after, path)

@@ -18,7 +18,9 @@ log, only the granted tools — and writes the result back. The host stops servi
 from __future__ import annotations
 
 import os
+import select
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable
 from urllib.parse import parse_qsl, urlencode, urlsplit
@@ -47,6 +49,9 @@ UNSAFE_KEY = "unsafe_python"
 MAX_PAGES = 200
 MAX_RESOURCES = 20_000
 MAX_RPC_BYTES = 16 << 20
+#: What one python call may ask of the host through the FHIR functions: requests, and reply bytes in all.
+MAX_RPC_REQUESTS = 500
+MAX_RPC_REPLY_BYTES = 64 << 20
 #: The page size asked of the server when fetching everything of a type (its maximum is 1,000).
 PAGE_SIZE = 500
 
@@ -111,9 +116,21 @@ def workspace(ctx: ToolContext) -> Workspace:
 
 # --- fetching -------------------------------------------------------------------------------------------
 
+#: The python call an RPC thread is serving (its deadline and whether it is still running), so that a
+#: fetch made on its behalf stops between pages when the call is over.
+_SERVING = threading.local()
+
+
+def _check_call_alive(pages: int) -> None:
+    rpc = getattr(_SERVING, "rpc", None)
+    if rpc is not None and not rpc.alive():
+        raise ToolError(f"the python call's time ran out: the search stopped after {pages} page(s)")
+
+
 def _fetch(ctx: ToolContext, first) -> tuple[list[dict], list[dict], str | None]:
     """Every page of a search (``first`` runs the first request): matches, included resources, and a note
-    when a bound stopped it."""
+    when a bound stopped it. On behalf of code in the sandbox, it stops between pages once the python call
+    is over (its deadline passed, or it ended)."""
     client = _client(ctx)
     resp = _request(ctx, first)
     matches: list[dict] = []
@@ -131,6 +148,7 @@ def _fetch(ctx: ToolContext, first) -> tuple[list[dict], list[dict], str | None]
         if pages >= MAX_PAGES or len(matches) >= MAX_RESOURCES:
             return matches, included, (f"stopped after {pages} pages ({len(matches)} matches); "
                                        "narrow the search to get the rest")
+        _check_call_alive(pages)
         resp = _request(ctx, client.follow, next_url)
 
 
@@ -277,21 +295,33 @@ del _fhirgym_functions
 
 class _Rpc:
     """The host side of the in-sandbox FHIR functions for one python call: a thread that reads requests from
-    a pipe, runs each as a tool call through ``dispatch`` and writes the result to the other pipe."""
+    a pipe, runs each as a tool call through ``dispatch`` and writes the result to the other pipe.
 
-    def __init__(self, ctx: ToolContext, ws: Workspace) -> None:
+    The code is untrusted, so is every request: any line gets an error reply, never a dead thread; a call
+    gets at most ``MAX_RPC_REQUESTS`` requests and ``MAX_RPC_REPLY_BYTES`` of replies; work done for it stops
+    at its deadline (between pages of a fetch); :meth:`stop` waits for the thread, so nothing is logged to
+    the episode after the python call returns."""
+
+    def __init__(self, ctx: ToolContext, ws: Workspace, deadline: float) -> None:
         self.ctx, self.ws = ctx, ws
+        self.deadline = deadline
         self._dispatch: Dispatch = ws.dispatch or Toolbox((FHIR_GET, GET_RESOURCE_BY_ID), ctx).call
         self.req_r, req_w = os.pipe()
         resp_r, self.resp_w = os.pipe()
+        os.set_blocking(self.resp_w, False)  # the host's end only: a reply the code never reads never blocks
         self.child_fds = (req_w, resp_r)
         self.log: list[dict] = []
         self.open = True
+        self.requests = 0
+        self.reply_bytes = 0
         self.thread = threading.Thread(target=self._serve, name="fhirgym-codeact-rpc", daemon=True)
 
     @property
     def prelude(self) -> str:
         return _PRELUDE % self.child_fds
+
+    def alive(self) -> bool:
+        return self.open and time.monotonic() < self.deadline
 
     def start(self) -> None:
         self.thread.start()
@@ -302,44 +332,91 @@ class _Rpc:
             os.close(fd)
 
     def stop(self) -> None:
-        """The call ended: serve nothing more (a process it left behind gets EOF or a closed pipe)."""
+        """The call ended: serve nothing more (a process it left behind gets EOF or a closed pipe), and wait
+        for work in flight, which stops at its next page."""
         self.open = False
-        self.thread.join(timeout=2.0)
+        self.thread.join()
 
     def _serve(self) -> None:
-        with os.fdopen(self.req_r, "rb") as requests, os.fdopen(self.resp_w, "wb") as replies:
+        """Read request lines, write reply lines, until EOF, a broken pipe, or the call's end (polled, so a
+        pipe end left open somewhere or code that never reads its replies cannot hold the thread)."""
+        _SERVING.rpc = self
+        buf = bytearray()
+        try:
             while True:
-                line = requests.readline(MAX_RPC_BYTES + 1)
-                if not line:
-                    return
-                if not line.endswith(b"\n"):
-                    reply: dict = {"error": f"request over {MAX_RPC_BYTES} bytes"}
-                    self.open = False
-                else:
-                    reply = self._handle(line)
-                data = orjson.dumps(reply, default=json_default_str)
-                if len(data) > MAX_RPC_BYTES:
-                    data = orjson.dumps({"error": f"result over {MAX_RPC_BYTES} bytes: narrow the search"})
+                nl = buf.find(b"\n", 0, MAX_RPC_BYTES + 1)
+                if nl < 0 and len(buf) <= MAX_RPC_BYTES:
+                    if not _ready(self.req_r, select.POLLIN):
+                        if not self.open:
+                            return
+                        continue
+                    chunk = os.read(self.req_r, 1 << 16)
+                    if not chunk:
+                        return
+                    buf += chunk
+                    continue
+                line = bytes(buf[: nl + 1]) if nl >= 0 else bytes(buf)  # over the cap: no newline in reach
+                del buf[: len(line)]
                 try:
-                    replies.write(data + b"\n")
-                    replies.flush()
-                except OSError:  # the code is gone
+                    data = self._reply(line)
+                except Exception as exc:  # a fault of ours must not leave the code waiting forever
+                    data = orjson.dumps({"error": f"internal error serving the request: {type(exc).__name__}"})
+                if not self._send(data + b"\n") or nl < 0:
                     return
+        except OSError:  # the code is gone
+            return
+        finally:
+            os.close(self.req_r)
+            os.close(self.resp_w)
+
+    def _send(self, data: bytes) -> bool:
+        """Write a reply while the call lasts; False once it is over with the reply unread."""
+        view = memoryview(data)
+        while view:
+            if not _ready(self.resp_w, select.POLLOUT):
                 if not self.open:
-                    return
+                    return False
+                continue
+            try:
+                view = view[os.write(self.resp_w, view[: 1 << 16]):]
+            except BlockingIOError:
+                continue
+        return True
+
+    def _reply(self, line: bytes) -> bytes:
+        """The reply line to one request line, within the call's budgets."""
+        if not line.endswith(b"\n"):
+            return orjson.dumps({"error": f"request over {MAX_RPC_BYTES} bytes"})
+        self.requests += 1
+        if self.requests > MAX_RPC_REQUESTS:
+            return orjson.dumps({"error": f"this python call used its {MAX_RPC_REQUESTS} FHIR requests: "
+                                          "do more per request, or continue in another python call"})
+        if self.reply_bytes > MAX_RPC_REPLY_BYTES:
+            return orjson.dumps({"error": f"this python call received its {MAX_RPC_REPLY_BYTES >> 20} MiB of "
+                                          "FHIR results: narrow the searches, or continue in another call"})
+        data = orjson.dumps(self._handle(line), default=json_default_str)
+        if len(data) > MAX_RPC_BYTES:
+            data = orjson.dumps({"error": f"result over {MAX_RPC_BYTES} bytes: narrow the search"})
+        self.reply_bytes += len(data)
+        return data
 
     def _handle(self, line: bytes) -> dict:
         try:
             req = orjson.loads(line)
+            if not isinstance(req, dict) or not isinstance(req.get("op"), str) or not isinstance(req.get("args"), dict):
+                raise TypeError('a request is {"op": name, "args": {...}}')
             op, args = req["op"], req["args"]
             name, call_args = self._tool_call(op, args)
         except (ValueError, KeyError, TypeError) as exc:
             return {"error": f"malformed request: {exc}"}
-        if not self.open:
-            return {"error": "the python call has ended"}
+        if not self.alive():
+            return {"error": "the python call has ended" if not self.open else "the python call's time ran out"}
         if op == "search":
             self.ws.last_fetched = None
-        call = self._dispatch(name, call_args)
+        try:
+            call = self._dispatch(name, call_args)
+        except Exception as exc:  # e.g. the episode ended meanwhile: nothing more is run or logged for it
+            return {"error": f"{type(exc).__name__}: {exc}"}
         self.log.append({"function": op, "tool": name, "error": call.error} if call.error else
                         {"function": op, "tool": name, "ok": True})
         if call.error:
@@ -357,7 +434,7 @@ class _Rpc:
             params = args.get("params") or {}
             if not isinstance(params, dict):
                 raise TypeError("params must be a dict of search parameter -> value or list of values")
-            pairs = [(k, x) for k, v in params.items() for x in (v if isinstance(v, list) else [v])]
+            pairs = [(str(k), str(x)) for k, v in params.items() for x in (v if isinstance(v, list) else [v])]
             query = str(args["resource_type"]) + ("?" + urlencode(pairs) if pairs else "")
             return "fhir_get", {"query": query}
         ids = {"resourceType": args["resource_type"]}
@@ -374,6 +451,12 @@ class _Rpc:
         raise KeyError(op)
 
 
+def _ready(fd: int, event: int, timeout_ms: int = 50) -> bool:
+    p = select.poll()
+    p.register(fd, event)
+    return bool(p.poll(timeout_ms))
+
+
 def _clip(text: str, limit: int, keep_tail: bool = False) -> tuple[str, int]:
     """``text`` cut to ``limit`` characters (the head, or the tail for a traceback) and how many were cut."""
     if len(text) <= limit:
@@ -388,7 +471,7 @@ def run_python(ctx: ToolContext, args: dict) -> dict:
         ws.sandbox.protections()  # refuses here, before any fd is handed over, when it cannot be set up
     except SandboxUnavailable as exc:
         raise ToolError(str(exc)) from None
-    rpc = _Rpc(ctx, ws)
+    rpc = _Rpc(ctx, ws, time.monotonic() + ws.sandbox.limits.wall_s)
     try:
         inputs = {"retrieved_resources": ws.retrieved()}
     except BaseException:

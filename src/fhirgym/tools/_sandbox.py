@@ -61,6 +61,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import _sandbox_fs as fs
+
 #: Where the workspace appears inside the sandbox (also the working directory and HOME).
 WORKSPACE = "/workspace"
 #: Where the compiled bootstrap appears inside (read-only).
@@ -76,7 +78,16 @@ DENIED_SYSCALLS = (
 )
 
 #: Every protection a full sandbox has; ``SandboxResult.protections`` lists those a call ran under.
-PROTECTIONS = ("bwrap", "seccomp", "cgroup-pids", "cgroup-memory", "rlimits")
+#: ``unprivileged`` (the code is not root on the host) and ``workspace-quota`` (a size-capped tmpfs) come
+#: from a root host's sandbox uid and mounts; a normal user's code is that user, on a plain directory.
+PROTECTIONS = ("bwrap", "seccomp", "cgroup-pids", "cgroup-memory", "rlimits", "unprivileged", "workspace-quota")
+
+#: The whole environment bwrap (and everything before it in the chain, started in ``/``) gets: nothing of
+#: the host's. Inside, the code gets only LANG, HOME and TMPDIR (``--clearenv`` then ``--setenv``).
+_ENV = {"LANG": "C.UTF-8"}
+
+#: The deepest answer the host takes back (orjson, which writes results and logs, stops at 255 levels).
+MAX_ANSWER_DEPTH = 100
 
 
 @dataclass(frozen=True)
@@ -91,6 +102,8 @@ class SandboxLimits:
     address_space_bytes: int | None = None
     file_bytes: int = 64 << 20  # RLIMIT_FSIZE: one file, in the workspace or /tmp
     tmp_bytes: int = 64 << 20  # size of the private /tmp (and /dev/shm)
+    workspace_bytes: int = 256 << 20  # size of the workspace's tmpfs (root hosts), host-written files included
+    workspace_files: int = 16_384  # inodes of the workspace's tmpfs (files and directories)
     output_bytes: int = 1 << 20  # stdout + stderr read before the call is killed; also caps the answer
     pids: int = 32  # processes and threads of the call, bwrap's own 3 included
     open_files: int = 256
@@ -147,6 +160,10 @@ class SandboxProbe:
     seccomp: bool = False
     cgroup_pids: str | None = None  # parent directory of the per-call cgroups
     cgroup_memory: str | None = None
+    setpriv: str | None = None  # root hosts: what drops the sandbox to its uid/gid
+    uid: int | None = None  # the host uid/gid the code runs as
+    gid: int | None = None
+    workspace_quota: bool = False  # each workspace is a size-capped tmpfs (root hosts)
     missing: tuple[str, ...] = ()
     details: dict[str, str] = field(default_factory=dict)
 
@@ -310,7 +327,7 @@ else:
 def _boot_pyc() -> str:
     """The bootstrap compiled once per host process, in a private temp dir removed at exit."""
     d = tempfile.mkdtemp(prefix="fhirgym-boot-")
-    atexit.register(shutil.rmtree, d, True)
+    atexit.register(shutil.rmtree, d, True)  # host-made: no code ever writes here
     src = os.path.join(d, "boot.py")
     Path(src).write_text(_BOOT)
     out = py_compile.compile(src, os.path.join(d, "boot.pyc"), dfile="<fhirgym-boot>", doraise=True,
@@ -350,19 +367,25 @@ def _system_binds() -> tuple[str, ...]:
         if os.path.islink(d):
             args += ["--symlink", os.readlink(d), d]
         elif os.path.isdir(d):
-            args += ["--ro-bind", d, d]
+            args += _ro_bind(d)
     return tuple(args)
+
+
+def _ro_bind(path: str, dest: str | None = None) -> list[str]:
+    """A read-only bind of a host path, from where the sandbox's uid can reach it (``fs.STAGE``)."""
+    return ["--ro-bind", fs.STAGE.source(path), dest or path]
 
 
 @functools.cache
 def _python_binds() -> tuple[str, ...]:
     """Read-only binds of the interpreter and its stdlib, with an empty tmpfs over site-packages."""
-    covered = [a for a in _system_binds() if a.startswith("/") and os.path.isdir(a)]
+    system = _system_binds()
+    covered = [a for i, a in enumerate(system) if i % 3 == 2]  # the destinations
     args: list[str] = []
     _, paths = _interpreter()
     for p in dict.fromkeys(paths):
         if not any(p == c or p.startswith(c.rstrip("/") + "/") for c in covered):
-            args += ["--ro-bind", p, p]
+            args += _ro_bind(p)
     base = _base_paths()
     for site in dict.fromkeys((base["purelib"], base["platlib"])):
         if os.path.isdir(site) and site.startswith(base["stdlib"] + "/"):
@@ -430,28 +453,58 @@ def _seccomp_program() -> bytes:
         return f.read()
 
 
+def _find_setpriv() -> str | None:
+    return shutil.which("setpriv") or ("/usr/bin/setpriv" if os.access("/usr/bin/setpriv", os.X_OK) else None)
+
+
+def _drop(setpriv: str | None) -> list[str]:
+    """The argv prefix that makes a root host's chain the sandbox's uid/gid (none for a normal user)."""
+    if not fs.is_root():
+        return []
+    uid, gid = fs.sandbox_ids()
+    return [setpriv or "setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
+
+
 @functools.cache
 def _probe() -> SandboxProbe:
     missing: list[str] = []
     details: dict[str, str] = {}
     bwrap = _find_bwrap()
     namespaces = False
+    uid = gid = None
+    setpriv = _find_setpriv() if fs.is_root() else None
+    quota = False
+    try:
+        uid, gid = fs.sandbox_ids()
+    except fs.SandboxIdError as exc:
+        missing.append(str(exc))
+    if fs.is_root():
+        fs.sweep_stale_mounts()
+        if setpriv is None:
+            missing.append("setpriv not found (util-linux): a root host needs it to run the sandbox as an "
+                           "unprivileged uid")
+        why = fs.can_mount()
+        quota = why is None
+        if why:
+            details["workspace-quota"] = why
+            missing.append(f"cannot mount a size-capped tmpfs for each workspace ({why})")
     if bwrap is None:
         missing.append("bubblewrap (bwrap) not found: install it with `bash scripts/_sandbox.sh` "
                        "(apt-get install bubblewrap)")
-    else:
+    elif uid is not None and (setpriv or not fs.is_root()):
         exe, _ = _interpreter()
         try:
-            run = subprocess.run([bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-                                  *_system_binds(), *_python_binds(), "--", exe, "-I", "-S", "-c", "pass"],
-                                 capture_output=True, timeout=30, check=False)
+            run = subprocess.run([*_drop(setpriv), bwrap, "--unshare-all", "--unshare-user", "--disable-userns",
+                                  "--die-with-parent", *_system_binds(), *_python_binds(), "--", exe, "-I", "-S",
+                                  "-c", "pass"], capture_output=True, timeout=30, check=False, env=_ENV)
             namespaces = run.returncode == 0
             if not namespaces:
                 details["bwrap"] = run.stderr.decode(errors="replace").strip()[:500]
         except (OSError, subprocess.TimeoutExpired) as exc:
             details["bwrap"] = str(exc)
         if not namespaces:
-            missing.append(f"bubblewrap cannot create namespaces here ({details.get('bwrap', '?')})")
+            who = f" as the sandbox's uid {uid}" if fs.is_root() else ""
+            missing.append(f"bubblewrap cannot create namespaces here{who} ({details.get('bwrap', '?')})")
     try:
         seccomp = bool(_seccomp_program())
     except Exception as exc:  # ImportError, or RuntimeError("Unable to find libseccomp")
@@ -474,7 +527,8 @@ def _probe() -> SandboxProbe:
             details[f"cgroup-{ctrl}"] = why
             missing.append(f"{ctrl} cgroup unavailable ({why}); needs root or a delegated cgroup")
     return SandboxProbe(bwrap=bwrap, namespaces=namespaces, seccomp=seccomp, cgroup_pids=parents["pids"],
-                        cgroup_memory=parents["memory"], missing=tuple(missing), details=details)
+                        cgroup_memory=parents["memory"], setpriv=setpriv, uid=uid, gid=gid, workspace_quota=quota,
+                        missing=tuple(missing), details=details)
 
 
 def _sweep_stale(parent: str) -> None:
@@ -606,9 +660,12 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
 
 
 class Sandbox:
-    """Runs code for one episode in its workspace (``workspace_dir``, made or set 0700; a temporary one,
-    removed by :meth:`close`, when None). Calls are serialised; files the code writes in the workspace
-    (the current directory, also ``/workspace``) persist between calls.
+    """Runs code for one episode in its workspace: ``workspace_dir`` (made or set 0700; the sandbox's uid must
+    be able to reach it, and a normal user's must have a private parent), or, when None, a directory of its
+    own inside a private 0700 parent, removed by :meth:`close`. On a root host the workspace is a tmpfs of
+    ``limits.workspace_bytes`` mounted there for the sandbox's life: its files go when it closes. Calls are
+    serialised; files the code writes in the workspace (the current directory, also ``/workspace``) persist
+    between calls.
 
     ``zygote`` (default): the episode's bwrap sandbox is started at the first call and forks a fresh
     process per call (``/tmp`` lives as long as the episode); False starts bwrap and an interpreter for
@@ -620,17 +677,23 @@ class Sandbox:
         self.limits = limits or SandboxLimits()
         self.unsafe = unsafe
         self.zygote = zygote
-        self._own_workspace = workspace_dir is None
+        self._parent: str | None = None  # the private directory the sandbox made for its own workspace
         if workspace_dir is None:
-            workspace_dir = tempfile.mkdtemp(prefix="fhirgym-ws-")
-        self.workspace = Path(workspace_dir).resolve()
+            self._parent = fs.private_parent()
+            self.workspace = Path(self._parent, "workspace")
+        else:
+            self.workspace = Path(workspace_dir).resolve()
+            fs.check_workspace_dir(self.workspace)
         self.workspace.mkdir(mode=0o700, parents=True, exist_ok=True)
-        # Files the code makes are owned by the host user (uid 65534 inside maps to it) and may carry a
-        # setuid bit: only the owner may enter the workspace.
         os.chmod(self.workspace, 0o700)
+        self._mounted = False
+        if fs.is_root() and sandbox_probe().workspace_quota:
+            fs.mount_workspace(str(self.workspace), self.limits.workspace_bytes, self.limits.workspace_files)
+            self._mounted = True
         self._lock = threading.Lock()
         self._zygote: _Zygote | None = None
         self._finalizer: weakref.finalize | None = None
+        self._release = weakref.finalize(self, _release_workspace, str(self.workspace), self._mounted, self._parent)
 
     def __enter__(self) -> Sandbox:
         return self
@@ -639,15 +702,18 @@ class Sandbox:
         self.close()
 
     def close(self) -> None:
-        """Stop the episode's sandbox process; remove the workspace if the sandbox made it."""
+        """Stop the episode's sandbox process, then unmount its workspace's tmpfs and remove what the sandbox
+        made (without recursion: the code may have made a tree of any depth). Raises OSError only if a
+        directory will not go; the processes are gone by then."""
         with self._lock:
-            if self._zygote is not None:
-                self._zygote.close()
-                self._zygote = None
-            if self._finalizer is not None:
-                self._finalizer.detach()
-        if self._own_workspace:
-            shutil.rmtree(self.workspace, ignore_errors=True)
+            try:
+                if self._zygote is not None:
+                    self._zygote.close()
+                    self._zygote = None
+            finally:
+                if self._finalizer is not None:
+                    self._finalizer.detach()
+                self._release()
 
     def write_file(self, name: str, data: bytes | str) -> Path:
         """Write a file into the workspace from the host, never through a symlink the code planted there
@@ -661,6 +727,7 @@ class Sandbox:
                     raise
                 os.unlink(leaf, dir_fd=parent)
                 fd = os.open(leaf, _WRITE_FLAGS | os.O_EXCL, 0o600, dir_fd=parent)
+            fs.chown_to_sandbox(fd)  # the code (the sandbox's uid) reads what the host wrote
             with os.fdopen(fd, "wb") as f:
                 f.write(data.encode() if isinstance(data, str) else data)
         finally:
@@ -685,12 +752,16 @@ class Sandbox:
         fd = os.open(self.workspace, os.O_RDONLY | os.O_DIRECTORY)
         try:
             for part in parts[:-1]:
+                made = False
                 if create:
                     with contextlib.suppress(FileExistsError):
                         os.mkdir(part, 0o700, dir_fd=fd)
+                        made = True
                 nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
                 os.close(fd)
                 fd = nxt
+                if made:
+                    fs.chown_to_sandbox(fd)
         except BaseException:
             os.close(fd)
             raise
@@ -703,9 +774,11 @@ class Sandbox:
         if p.missing and not self.unsafe:
             raise SandboxUnavailable("python sandbox unavailable: " + "; ".join(p.missing)
                                      + ". Pass --unsafe-python (Sandbox(unsafe=True)) to run code without it.")
-        have = {"bwrap": bool(p.bwrap and p.namespaces), "seccomp": p.seccomp and bool(p.bwrap and p.namespaces),
-                "cgroup-pids": p.cgroup_pids is not None, "cgroup-memory": p.cgroup_memory is not None,
-                "rlimits": True}
+        bwrap = bool(p.bwrap and p.namespaces)
+        have = {"bwrap": bwrap, "seccomp": p.seccomp and bwrap, "cgroup-pids": p.cgroup_pids is not None,
+                "cgroup-memory": p.cgroup_memory is not None, "rlimits": True,
+                "unprivileged": bwrap and (not fs.is_root() or p.setpriv is not None),
+                "workspace-quota": self._mounted}
         return tuple(k for k in PROTECTIONS if have[k])
 
     def _argv(self, layers: tuple[str, ...], seccomp_fd: int | None, boot_args: list[str]) -> list[str]:
@@ -715,13 +788,17 @@ class Sandbox:
         py = [exe, "-I", "-S", "-B", "-X", "utf8", *boot_args]
         if "bwrap" not in layers:
             return py
-        argv = [sandbox_probe().bwrap or "bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
+        p = sandbox_probe()
+        # /proc and /dev are remounted read-only: bwrap's own cover of /proc/sys is skipped where its
+        # access(W_OK) check fails, and /dev is an unsized tmpfs holding binds of host device nodes.
+        argv = [*_drop(p.setpriv), p.bwrap or "bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
                 "--uid", "65534", "--gid", "65534", "--hostname", "sandbox", "--die-with-parent", "--new-session",
                 "--clearenv", "--setenv", "LANG", "C.UTF-8", "--setenv", "HOME", WORKSPACE,
                 "--setenv", "TMPDIR", "/tmp", *_system_binds(), *_python_binds(),
-                "--proc", "/proc", "--dev", "/dev", "--size", str(lim.tmp_bytes), "--tmpfs", "/dev/shm",
+                "--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev",
+                "--size", str(lim.tmp_bytes), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
                 "--size", str(lim.tmp_bytes), "--tmpfs", "/tmp",
-                "--ro-bind", _boot_pyc(), BOOT_PATH,
+                *_ro_bind(_boot_pyc(), BOOT_PATH),
                 "--bind", str(self.workspace), WORKSPACE, "--chdir", WORKSPACE, "--remount-ro", "/"]
         if seccomp_fd is not None:
             argv += ["--seccomp", str(seccomp_fd)]
@@ -732,13 +809,18 @@ class Sandbox:
         """Run ``code`` with ``inputs`` (JSON values) as variables; never raises for the code's faults.
 
         ``prelude``: trusted source run first in the same namespace (its frames are left out of tracebacks);
-        ``pass_fds``: host fds the code inherits (e.g. the pipes of a host-side RPC), closed here once started.
+        ``pass_fds``: host fds the code inherits (e.g. the pipes of a host-side RPC); closed here, whatever
+        happens.
         """
-        layers = self.protections()
         try:
+            layers = self.protections()
             payload = marshal.dumps({"code": code, "inputs": dict(inputs or {}), "prelude": prelude})
         except ValueError as exc:
+            _close_all(pass_fds)
             raise TypeError(f"sandbox inputs must be JSON values: {exc}") from exc
+        except BaseException:
+            _close_all(pass_fds)
+            raise
         with self._lock:
             # inherited fds keep their numbers only in a process of its own (a zygote's fork would get new ones)
             if self.zygote and not pass_fds and "bwrap" in layers and "cgroup-pids" in layers:
@@ -812,14 +894,15 @@ class Sandbox:
               str(lim.address_space_bytes or lim.memory_bytes), str(lim.file_bytes), str(lim.open_files),
               str(child[3]), call_id]
         argv = _join_cgroups(cgroup, self._argv(layers, seccomp_fd, py))
-        env = None if "bwrap" in layers else {"LANG": "C.UTF-8", "HOME": str(self.workspace),
+        env = _ENV if "bwrap" in layers else {"LANG": "C.UTF-8", "HOME": str(self.workspace),
                                               "TMPDIR": tempfile.gettempdir()}
         start = time.monotonic()
         deadline = start + lim.wall_s
         try:
             proc = subprocess.Popen(argv, stdin=child[0], stdout=child[1], stderr=child[2],
                                     pass_fds=[child[3], *extra_fds] + ([seccomp_fd] if seccomp_fd is not None else []),
-                                    cwd=self.workspace, env=env, start_new_session=True)
+                                    cwd="/" if "bwrap" in layers else self.workspace, env=env,
+                                    start_new_session=True)
         except BaseException:
             for fd in host:
                 os.close(fd)
@@ -842,6 +925,15 @@ class Sandbox:
             stats = cgroup.stats()
             cgroup.remove()
         return _result(lim, proc.returncode, out, err, res, reason, stats, time.monotonic() - start, layers, call_id)
+
+
+def _release_workspace(workspace: str, mounted: bool, parent: str | None) -> None:
+    """Unmount the workspace's tmpfs (its files go with it), then remove the private parent of a workspace
+    the sandbox made; a caller's directory stays (with its files, where it was not a tmpfs)."""
+    if mounted:
+        fs.unmount(workspace)
+    if parent is not None:
+        fs.remove_tree(parent)
 
 
 #: Memory the episode's cgroup allows on top of ``memory_bytes`` for the zygote, bwrap and its init
@@ -872,7 +964,8 @@ class _Zygote:
         argv = _join_cgroups(self.cgroup, sandbox._argv(layers, seccomp_fd, [BOOT_PATH, "zygote", str(theirs.fileno())]))
         try:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.PIPE, cwd=sandbox.workspace, start_new_session=True,
+                                         stderr=subprocess.PIPE, cwd="/", start_new_session=True,
+                                         env=_ENV,
                                          pass_fds=[theirs.fileno()] + ([seccomp_fd] if seccomp_fd is not None else []))
         except BaseException:
             self.sock.close()
@@ -930,6 +1023,12 @@ class _Zygote:
             _kill(self.proc)
         self.sock.close()
         self.cgroup.remove()
+
+
+def _close_all(fds: Sequence[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _readable(fd: int, timeout_s: float) -> bool:
@@ -1037,6 +1136,33 @@ def _pump(host: tuple[int, int, int, int], payload: bytes, deadline: float, cap:
         sel.close()
 
 
+def _depth_over(value: Any, limit: int) -> bool:
+    """Whether a parsed JSON value nests deeper than ``limit`` (iteratively: any depth is fine)."""
+    stack = [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict | list):
+            if d > limit:
+                return True
+            stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return False
+
+
+def _parse_result(res: bytes) -> dict[str, Any] | str:
+    """What the result fd held, checked: ``{error, answer_repr, answer}`` of the right types with an answer
+    at most ``MAX_ANSWER_DEPTH`` deep; anything else (the code wrote the fd itself) is an error text."""
+    try:
+        parsed = json.loads(res)
+    except (ValueError, RecursionError):
+        return "the call's result was not readable (the code wrote its result channel itself?)"
+    if (not isinstance(parsed, dict) or set(parsed) != {"error", "answer_repr", "answer"}
+            or not isinstance(parsed["error"], str | None) or not isinstance(parsed["answer_repr"], bool)):
+        return "the call's result was malformed (the code wrote its result channel itself?)"
+    if _depth_over(parsed["answer"], MAX_ANSWER_DEPTH):
+        return f"the answer nests deeper than {MAX_ANSWER_DEPTH} levels: return a flatter value"
+    return parsed
+
+
 def _result(lim: SandboxLimits, rc: int | None, out: bytes, err: bytes, res: bytes, reason: str | None,
             stats: dict[str, int], duration: float, layers: tuple[str, ...], call_id: str) -> SandboxResult:
     """Turn what came back into a result, naming the limit that ended the call if one did."""
@@ -1046,14 +1172,11 @@ def _result(lim: SandboxLimits, rc: int | None, out: bytes, err: bytes, res: byt
     r = SandboxResult(stdout=stdout, stderr=stderr, exit_code=rc, duration_s=round(duration, 4),
                       protections=layers, call_id=call_id, truncated=truncated,
                       peak_memory_bytes=stats["peak"] or None)
-    parsed: dict[str, Any] | None = None
-    if reason is None and res:
-        try:
-            parsed = json.loads(res)
-        except ValueError:
-            parsed = None
-    if parsed is not None:
-        r.answer, r.answer_repr, r.error = parsed.get("answer"), bool(parsed.get("answer_repr")), parsed.get("error")
+    parsed = _parse_result(res) if reason is None and res else None
+    if isinstance(parsed, str):
+        r.error = parsed
+    elif parsed is not None:
+        r.answer, r.answer_repr, r.error = parsed["answer"], parsed["answer_repr"], parsed["error"]
         if r.error and "CPUTimeLimitExceeded" in r.error:
             r.limit = "cpu"
         elif r.error and "MemoryError" in r.error:

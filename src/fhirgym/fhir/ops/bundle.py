@@ -9,14 +9,14 @@ A batch runs each entry on its own and reports per-entry outcomes.
 
 from __future__ import annotations
 
-import copy
 import logging
 from urllib.parse import parse_qsl, urlsplit
 
 from .. import _write as write
 from .._core import ServerCore
 from .._errors import FhirError, Issue, bad_request, operation_outcome
-from .._http import ID_RE, Request, Response, json_body, parse_etag
+from .._http import Request, Response, id_rule, is_id, json_body, parse_etag
+from .._json import copy_json
 from .._refs import rewrite_references
 
 _ORDER = {"DELETE": 0, "POST": 1, "PUT": 2, "PATCH": 2, "GET": 3, "HEAD": 3}
@@ -108,12 +108,25 @@ def post(server: ServerCore, req: Request) -> Response:
     return process_bundle(server, json_body(req, server.config.max_body_bytes))
 
 
+def reads_only(server: ServerCore, req: Request) -> bool:
+    """Whether a Bundle only reads (every entry a GET or HEAD): then it need not wait for the writes.
+    A body that is no Bundle at all is refused, which writes nothing either."""
+    try:
+        bundle = json_body(req, server.config.max_body_bytes)
+    except FhirError:
+        return True
+    entries = bundle.get("entry", [])
+    return bundle.get("resourceType") == "Bundle" and isinstance(entries, list) and all(
+        isinstance(e, dict) and isinstance(e.get("request"), dict) and e["request"].get("method") in ("GET", "HEAD")
+        for e in entries)
+
+
 def process_bundle(server: ServerCore, bundle: dict) -> Response:
     entries = _parse_entries(bundle, server.base, server.config.max_bundle_entries)
     if bundle["type"] == "batch":
         return Response(200, _batch(server, entries))
     # references are rewritten in place: work on copies, never on the caller's (in-process) objects
-    entries = [(n, e, m, u, copy.deepcopy(r) if r is not None else None) for n, e, m, u, r in entries]
+    entries = [(n, e, m, u, copy_json(r) if r is not None else None) for n, e, m, u, r in entries]
     with server.store.transaction():
         result = _transaction(server, entries)
     return Response(200, result)
@@ -235,6 +248,7 @@ def _transaction(server: ServerCore, entries: list) -> dict:
             responses[n] = _execute(server, n, entry, method, url, resource, plans.get(n), pending)
         except FhirError as err:
             raise _entry_error(n, err) from None
+    _check_conditional_creates(server, entries, plans)
     if server.config.referential_integrity:  # 3. nothing left may reference what was deleted
         for (rtype, rid), n in deleted.items():
             referrers = [r for r in server.store.referrers(rtype, rid, limit=6) if r not in deleting]
@@ -247,6 +261,25 @@ def _transaction(server: ServerCore, entries: list) -> dict:
         "type": "transaction-response",
         "entry": [responses[n] for n, *_ in entries],
     }
+
+
+def _check_conditional_creates(server: ServerCore, entries: list, plans: dict[int, tuple]) -> None:
+    """Each conditional create (``ifNoneExist``) still matches at most one resource once every entry is
+    written: two entries with the same condition (or one whose resource another entry's condition
+    selects) would otherwise both create, each having looked before the other was there. Asked only
+    of types this transaction writes more than once."""
+    writes: dict[str, int] = {}
+    for _method, rtype, _rid, existed in plans.values():
+        if not existed:
+            writes[rtype] = writes.get(rtype, 0) + 1
+    for n, entry, method, _url, _resource in entries:
+        if method != "POST" or plans[n][3] or writes[plans[n][1]] < 2:
+            continue
+        cond = entry["request"].get("ifNoneExist")
+        if cond and len(matches := write.conditional_match(server, plans[n][1], cond)) > 1:
+            raise _entry_error(n, FhirError(400, f"ifNoneExist {cond!r} matches {len(matches)} resources once this "
+                                                 "transaction is written: its entries would create duplicates that "
+                                                 "the condition is there to prevent", "duplicate"))
 
 
 def _execute(server: ServerCore, n: int, entry: dict, method: str, url: str, resource: dict | None,
@@ -283,8 +316,8 @@ def _delete_target(server: ServerCore, url: str) -> tuple[str, str] | None:
     if not server.spec.is_resource_type(segs[0]):
         raise FhirError(404, f"Unknown resource type {segs[0]!r}", "not-found")
     if len(segs) == 2:
-        if not ID_RE.fullmatch(segs[1]):
-            raise bad_request(f"Invalid resource id {segs[1]!r} (ids are 1-64 of A-Z a-z 0-9 - .)", "invalid")
+        if not is_id(segs[1]):
+            raise bad_request(f"Invalid resource id {segs[1]!r} ({id_rule(segs[1])})", "invalid")
         return segs[0], segs[1]
     match = write.single_match(server, segs[0], query, "delete")
     return (segs[0], match) if match is not None else None

@@ -19,10 +19,14 @@ def create(server: ServerCore, req: Request, rtype: str) -> Response:
             existing = write.conditional_match(server, rtype, cond)
             if len(existing) > 1:
                 raise FhirError(412, f"If-None-Exist matched {len(existing)} resources", "duplicate")
-            if existing:
+            if existing:  # nothing created: 200 with what is there, in the form Prefer asks for
                 found = current(server, rtype, existing[0])
-                if "return=minimal" in req.headers.get("prefer", "").lower():
+                prefer = req.headers.get("prefer", "").lower()
+                if "return=minimal" in prefer:
                     found.body = None
+                elif "return=operationoutcome" in prefer:
+                    found.body = operation_outcome([Issue("information", "informational", f"If-None-Exist matched "
+                                                          f"{rtype}/{existing[0]}: nothing was created")])
                 return found
         rec = write.create(server, rtype, body)
     return written(server, rec, 201, req)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .._core import ServerCore
 from .._errors import FhirError, bad_request
-from .._http import Request, Response
+from .._http import Request, Response, is_id
 from .._paging import cached, read_token, remember
 from .._search import non_negative_int
 from .everything import everything_state, render_everything
@@ -51,20 +51,32 @@ def _state(server: ServerCore, token: str) -> dict:
     try:
         if kind == "s":
             rtype, query, lenient = args
-            state, now = search_state(server, _str(rtype), _pairs(query), bool(lenient))
+            state, now = search_state(server, _type(server, rtype), _pairs(query), bool(lenient))
         elif kind == "h":
             path, rtype, rid, query, upto = args
-            state, now = history_state(server, _str(path), _opt(rtype), _opt(rid), _pairs(query), _opt(upto)), mark
+            rtype = None if rtype is None else _type(server, rtype)
+            if rid is not None and (rtype is None or not is_id(rid)):
+                raise ValueError("not an id")
+            state, now = history_state(server, _str(path), rtype, rid, _pairs(query), _opt(upto)), mark
         else:
             pid, pairs, self_query = args
-            state, now = everything_state(server, _str(pid), _pairs(pairs), _pairs(self_query))
-    except (ValueError, TypeError):  # not the arguments of one of our tokens
+            if not is_id(pid):
+                raise ValueError("not an id")
+            state, now = everything_state(server, pid, _pairs(pairs), _pairs(self_query))
+    except (ValueError, TypeError):  # not the arguments of one of our tokens (a forged one)
         raise FhirError(410, f"Paging token {token!r} is unknown or has expired; repeat the search",
                         "not-found") from None
     if now != mark:
         state["changed"] = True
     remember(server, state, kind, args, mark)
     return state
+
+
+def _type(server: ServerCore, value: object) -> str:
+    """A resource type named in a token: one our own links could carry."""
+    if not isinstance(value, str) or not server.spec.is_resource_type(value):
+        raise ValueError("not a resource type")
+    return value
 
 
 def _str(value: object) -> str:

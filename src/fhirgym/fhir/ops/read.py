@@ -27,12 +27,14 @@ def vread(server: ServerCore, req: Request, rtype: str, rid: str, vid: str) -> R
     last_updated, _method, data = row
     if data is None:
         raise FhirError(410, f"Version {vid} of {rtype}/{rid} is a deletion", "deleted")
+    server.spend(len(data))
     resp = Response(200, loads(data), {"ETag": etag(int(vid)), "Last-Modified": http_date(last_updated)})
     return shaped(server.spec, req, resp)
 
 
 def current(server: ServerCore, rtype: str, rid: str) -> Response:
-    """The current version of a resource (404 unknown, 410 deleted): what a read answers before shaping."""
+    """The current version of a resource (404 unknown, 410 deleted): what a read answers before shaping,
+    counted against the request's response budget (a batch of reads of a large Binary adds up)."""
     cur = server.store.current(rtype, rid)
     if cur is None:
         raise not_found(f"{rtype}/{rid} is not known")
@@ -40,6 +42,7 @@ def current(server: ServerCore, rtype: str, rid: str) -> Response:
     if deleted:
         raise FhirError(410, f"{rtype}/{rid} was deleted (version {version})", "deleted",
                         headers={"ETag": etag(version)})
+    server.spend(len(data))
     return Response(200, loads(data), {"ETag": etag(version), "Last-Modified": http_date(last_updated)})
 
 

@@ -38,7 +38,7 @@ def validate(server: ServerCore, req: Request, rtype: str, rid: str | None = Non
         raise bad_request("$validate Parameters need a 'resource' parameter", "required")
     if data.get("resourceType") != rtype:
         raise bad_request(f"$validate on {rtype} got a {data.get('resourceType')!r}")
-    issues = server.validator.validate(data)
+    issues = server.validator.validate(data, stop=server.check_time)
     if mode == "update" and data.get("id") is None:
         issues.append(Issue("error", "required", "mode=update: the resource needs an id", (f"{rtype}.id",)))
     elif mode == "update" and rid is not None and data.get("id") != rid:

@@ -58,7 +58,7 @@ from ..checks import (
     ref_id,
     unit_is,
 )
-from ..draw import Branched, deal, deal_by_gold, human_date, negative_seed, pick
+from ..draw import Branched, deal, deal_by_gold, deal_positive, human_date, negative_seed, pick
 from ..facts import moment, official_name, patients, results
 from ..solve import create, search_all
 
@@ -675,7 +675,8 @@ class LastHba1c(_Clinical):
             if any(r[1] in VALID for r in _world_results(view, p["pid"], ("4548-4",)))])
         want = not negative_seed(view)
         untested = [p for p in _people(view) if p not in tested]
-        person = pick(rng, tested if want and tested else untested if not want and untested else _people(view))
+        person = (deal_positive(view, tested) if want and tested  # the few tested patients share the positives
+                  else pick(rng, untested if not want and untested else _people(view)))
         if not _quiet_since(view, person["pid"], ("4548-4",), view.now - timedelta(days=1)):
             return None
         has = person in tested

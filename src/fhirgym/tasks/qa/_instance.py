@@ -18,6 +18,7 @@ from .._answer import AnswerSpec
 from .._family import WRITE_TOOLS, Family, Gold, Instance, TaskWorld
 from ._generate import QaQuestion
 from ._score import reference_reply, retrieval_scores, score_answer
+from ._templates import BY_ID
 
 FINAL_ANSWER = ("When you have the answer, end your reply with \"The final answer is: <answer>\" (a value, a "
                 "date-time, yes or no, or a list, as the question asks; \"no answer\" if the record holds none).")
@@ -59,6 +60,12 @@ class QaFamily(Family):
         types = tuple(question.gold_types) or ("Patient",)
         self.resource_types = types
         self.sequences = (("fhir_query",) * len(types), ("searchResources",) * len(types))
+        # "no answer" is a claim about the template's event kind (a lab: Observation), whatever it holds
+        template = BY_ID.get(question.template)
+        self.negative_evidence = template.types if template is not None else types
+
+    def negative(self, gold: Gold) -> bool:
+        return isinstance(gold.answer, QaQuestion) and gold.answer.no_answer
 
     def prompt(self, params: dict) -> str:
         return params["prompt"]
@@ -67,7 +74,12 @@ class QaFamily(Family):
         return self.prompt(params).strip() + "\n\n" + FINAL_ANSWER
 
     def solve(self, tools, params: dict, now: datetime) -> str:
-        """Read exactly the gold resources (so the reference's retrieval is perfect), then reply."""
+        """Read exactly the gold resources (so the reference's retrieval is perfect), then reply; with no
+        gold, count what the patient has of the question's kind first (a "no answer" needs that look)."""
+        if not self.question.gold_ids:
+            rtype = self.negative_evidence[0]
+            tools.call("searchResources", {"resourceType": rtype, "params": {
+                "_id" if rtype == "Patient" else "patient": self.question.patient_id, "_count": "0"}})
         for rtype, ids in self.question.gold_ids.items():
             for start in range(0, len(ids), 15):  # short queries, small outputs: every id fits the budget
                 tools.call("searchResources", {"resourceType": rtype, "params": {
