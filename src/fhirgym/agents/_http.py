@@ -59,7 +59,7 @@ class PooledTransport:
                 proxy = urllib.request.getproxies().get(parts.scheme)
             manager = self._managers.get(proxy)
             if manager is None:
-                kw = {"num_pools": 16, "maxsize": self.max_connections, "block": False}
+                kw = {"num_pools": 16, "maxsize": self.max_connections, "block": False, "ca_certs": _ca_certs()}
                 manager = urllib3.ProxyManager(proxy, **kw) if proxy else urllib3.PoolManager(**kw)
                 self._managers[proxy] = manager
             self._routes[route] = manager
@@ -81,3 +81,12 @@ class PooledTransport:
     def close(self) -> None:
         for manager in self._managers.values():
             manager.clear()
+
+
+def _ca_certs() -> str | None:
+    """certifi's CA bundle where it is installed (as with httpx, which fhirgym depends on), else the system's."""
+    try:
+        import certifi
+    except ImportError:
+        return None
+    return certifi.where()
