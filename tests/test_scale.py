@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from fhirgym.agents import make_agent
-from fhirgym.runner import EvalSpec, plan, read_results, run_eval
+from fhirgym.runner import EvalError, EvalSpec, plan, read_results, run_eval
 from fhirgym.tasks import TaskWorld
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
@@ -63,15 +63,17 @@ def test_429s_and_5xx_are_retried_and_every_count_stays_exact(world, tmp_path):
 
 
 def test_a_spent_retry_budget_is_an_infrastructure_error_not_a_fail(world, tmp_path):
-    with FakeModel(latency=0.0, rate_429=1.0, retry_after=0.01) as fake:
-        results = run_eval(EvalSpec(out=tmp_path, agent="react", model="openai-compatible/fake",
-                                    tasks="records.find_patient", seeds=[0, 1], parallel=2), world,
-                           agent=_agent(fake, max_attempts=3))
+    with FakeModel(latency=0.0, rate_429=1.0, retry_after=0.01) as fake:  # the agent from the spec's settings
+        results = run_eval(EvalSpec(out=tmp_path, agent="react", model="openai-compatible/fake", base_url=fake.base_url,
+                                    tasks="records.find_patient", seeds=[0, 1], parallel=2, max_attempts=3,
+                                    retry_budget=5), world)
     assert [(r["status"], r["success"], r["stop_reason"]) for r in results] == [("error", None, "error")] * 2
     assert all("HTTP 429 on all 3 attempts" in r["error"] for r in results)
     assert len(fake.log) == 6
     transcripts = [orjson.loads((tmp_path / r["transcript"]).read_bytes()) for r in results]
     assert [t["model_requests"] for t in transcripts] == [3, 3] and all(r["tokens"]["prompt"] == 0 for r in results)
+    with pytest.raises(EvalError, match="for openai/ and openai-compatible/ models"):
+        run_eval(EvalSpec(out=tmp_path / "local", model="local/qwen2.5-coder-0.5b", max_attempts=3), world)
 
 
 def test_a_run_killed_with_256_episodes_in_flight_resumes_to_the_same_episodes(small_world_path, tmp_path):
@@ -102,8 +104,6 @@ def test_a_run_killed_with_256_episodes_in_flight_resumes_to_the_same_episodes(s
 
 def test_too_low_a_limit_on_open_files_is_refused_before_any_episode(world, tmp_path, monkeypatch):
     import resource
-
-    from fhirgym.runner import EvalError
 
     monkeypatch.setattr(resource, "getrlimit", lambda _which: (1024, 1024))
     with pytest.raises(EvalError, match=r"1024 episodes at once need about \d+ open files.*ulimit -Hn"):

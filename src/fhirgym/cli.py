@@ -487,14 +487,20 @@ def _ray_option(f):
 @click.option("--memory-mode", type=click.Choice(["tools", "prompt"]), default="tools", show_default=True,
               help="tools: the agent calls searchMemory/getMemoryTips; prompt: the top lessons go into the system "
                    "prompt under a token budget.")
+@click.option("--max-attempts", type=click.IntRange(min=1), default=None,
+              help="openai/ and openai-compatible/ models: requests per model call at most, retries included "
+                   "(429, 5xx, timeouts)  [default: 8]")
+@click.option("--retry-budget", type=click.FloatRange(min=0), default=None,
+              help="... and seconds of waiting between them per call, Retry-After honoured; then the episode is "
+                   "an infrastructure error  [default: 600]")
 @_ray_option
 @_world_options
 def eval_cmd(agent: str, model: str | None, base_url: str | None, selector: str, seeds: str, runs: int, config: str,
              setting: str, out: Path, parallel: int, resume: bool, max_iterations: int | None,
              budget: int | None, unsafe_python: bool, paraphrases: int, no_report: bool, sealed: bool,
              secret: str | None, track: str, split: str, questions: Path | None, per_template: int,
-             memory_dir: Path | None, memory_mode: str, ray_address: str | None, world_path: Path | None,
-             patients: int, world_seed: int) -> None:
+             memory_dir: Path | None, memory_mode: str, max_attempts: int | None, retry_budget: float | None,
+             ray_address: str | None, world_path: Path | None, patients: int, world_seed: int) -> None:
     """Evaluate an agent on tasks: one isolated store per episode, results.jsonl + transcripts + report."""
     import time
 
@@ -512,7 +518,8 @@ def eval_cmd(agent: str, model: str | None, base_url: str | None, selector: str,
                     runs=runs, config=config, setting=setting, parallel=parallel, resume=resume,
                     max_iterations=max_iterations, budget=budget, unsafe_python=unsafe_python,
                     paraphrases=paraphrases, sealed=sealed, secret=secret, track=track, split=split,
-                    questions=questions, per_template=per_template, ray=ray_address)
+                    questions=questions, per_template=per_template, ray=ray_address, max_attempts=max_attempts,
+                    retry_budget=retry_budget)
     world = _task_world(world_path, patients, world_seed)
     started = time.perf_counter()
     counts: dict[str, int] = {}

@@ -66,6 +66,15 @@ class EvalSpec:
     per_template: int = QA_PER_TEMPLATE  # qa without a question file: questions built per template
     secret: str | None = field(default=None, repr=False)  # a sealed run's secret (hex), to replay or resume it
     ray: str | None = None  # None: episodes run in this process; else on Ray ("": ray.init()'s own choice)
+    max_attempts: int | None = None  # an OpenAI(-compatible) model: requests per call at most (None: 8)
+    retry_budget: float | None = None  # ... and seconds of waiting between them per call (None: 600)
+
+    def agent_settings(self) -> tuple:
+        """What builds the agent, anywhere: ``make_agent(*settings[:4], **settings[4])``."""
+        backend = {k: v for k in ("max_attempts", "retry_budget") if (v := getattr(self, k)) is not None}
+        if backend and not str(self.model or "").startswith(("openai/", "openai-compatible/")):
+            raise EvalError("--max-attempts and --retry-budget are for openai/ and openai-compatible/ models")
+        return self.agent, self.model, self.base_url, self.max_iterations, backend
 
     def __post_init__(self) -> None:
         if self.max_iterations is None:
@@ -244,7 +253,7 @@ def episode_pool(world: TaskWorld, agent, config: Config, *, parallel: int = 1, 
                  options: dict | None = None, log: Callable[[str], None] | None = None):
     """Where episodes run: ``parallel`` threads of this process, or, with ``ray`` (an address; "": ray.init()'s
     own choice), the workers of a Ray cluster. ``agent``: an agent object, or its settings (agent, model,
-    base_url, max_iterations), which Ray workers build it from. ``options``: :class:`EpisodeRunner`'s.
+    base_url, max_iterations[, backend options]), which Ray workers build it from. ``options``: :class:`EpisodeRunner`'s.
     ``pool.submit(key, recipe, config=None, then=None)`` gives a Future of (line, transcript);
     ``pool.stream(work, then)`` the outcomes of (key, recipe) pairs as they finish."""
     if ray is not None:
@@ -254,7 +263,7 @@ def episode_pool(world: TaskWorld, agent, config: Config, *, parallel: int = 1, 
             raise EvalError(str(exc)) from None
         return RayPool(world, agent, config, parallel=parallel, address=ray, options=options, log=log)
     if isinstance(agent, tuple):
-        agent = make_agent(*agent)
+        agent = make_agent(*agent[:4], **(agent[4] if len(agent) > 4 else {}))
     return ThreadPool(EpisodeRunner(world, agent, config, capacity=2 * parallel + 16, **(options or {})), parallel)
 
 
@@ -266,7 +275,7 @@ def _run(spec: EvalSpec, world: TaskWorld, config, keys: list[EpisodeKey], done:
     options = {"setting": spec.setting, "model": run_label(spec), "budget": spec.budget,
                "max_iterations": spec.max_iterations, "unsafe_python": spec.unsafe_python}
     try:
-        agent = agent if agent is not None else (spec.agent, spec.model, spec.base_url, spec.max_iterations)
+        agent = agent if agent is not None else spec.agent_settings()
         with episode_pool(world, agent, config, parallel=spec.parallel, ray=spec.ray, options=options,
                           log=log) as pool:
             for finished, (line, _) in enumerate(pool.stream(work, sink.write), 1):

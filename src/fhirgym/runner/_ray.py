@@ -104,8 +104,8 @@ class EpisodeWorker:
             raise RayRunError(f"{socket.gethostname()} has fhirgym {version('fhirgym')}, the driver "
                               f"{driver_version}: install the same version on every node")
         ensure_open_files(concurrency)
-        if isinstance(agent, tuple):  # (agent, model, base_url, max_iterations): built here
-            agent = make_agent(*agent)
+        if isinstance(agent, tuple):  # (agent, model, base_url, max_iterations[, backend options]): built here
+            agent = make_agent(*agent[:4], **(agent[4] if len(agent) > 4 else {}))
         self.runner = EpisodeRunner(world.open(), agent, get_config(config) if isinstance(config, str) else config,
                                     capacity=2 * concurrency + 16, **options)
 
