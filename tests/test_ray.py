@@ -130,3 +130,18 @@ def test_the_command_line_runs_on_a_given_cluster(cluster, small_world_path, tmp
     print(run.stderr, run.stdout, sep="\n")
     assert "ray: 2 workers, up to 1 episodes at once each, on 1 node(s)" in run.stderr
     assert [r["status"] for r in read_results(out)] == ["pass"] * 3
+
+
+def test_a_worker_without_the_world_file_builds_it_from_its_seed_and_checks_the_hash(tmp_path):
+    from fhirgym.runner._ray import RayRunError, WorldRef
+    from fhirgym.world import build_world
+
+    built = build_world(seed=7, patients=2).path  # (cached once per machine, like every world)
+    ref = WorldRef.of(TaskWorld.open(built))
+    assert ref.build == {"seed": 7, "patients": 2, "anchor": "2025-06-02"}
+    elsewhere = WorldRef(str(tmp_path / "not-on-this-node.db"), ref.sha256, ref.build)
+    assert elsewhere.open().path == Path(built).resolve()
+    with pytest.raises(RayRunError, match=r"built from its seed .* has sha256 \w+, not 0{64}"):
+        WorldRef(elsewhere.path, "0" * 64, ref.build).open()
+    with pytest.raises(RayRunError, match="not built from a seed: put it where every node reads it"):
+        WorldRef(elsewhere.path, ref.sha256, None).open()
