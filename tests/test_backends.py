@@ -737,7 +737,7 @@ def test_local_chat_plumbing_with_a_fake_llama(tmp_path, monkeypatch):
         ]
     )
     backend = LocalBackend(gguf, n_ctx=512, n_threads=1, seed=7)
-    monkeypatch.setitem(_local._instances, (str(gguf.resolve()), 512, 1), _local._Shared(fake))
+    monkeypatch.setitem(_local._instances, (str(gguf.resolve()), 512, 1, None), _local._Shared(fake))
     history = [{"role": "user", "content": "who is patient 1?"}]
     first = backend.chat(history, TOOLS, temperature=0.3, max_tokens=40)
     assert first.tool_calls == [ToolCall("call_0", "fhir_read", {"id": "1"})]

@@ -115,12 +115,14 @@ def _script(steps: list[tuple[str, str, dict]]):
     return outputs
 
 
-def _host_processes(marker: str) -> list[int]:
+def _host_processes(*argv: str) -> list[int]:
+    """Host processes whose command line is exactly ``argv`` (what a sandboxed call started)."""
+    want = b"\0".join(a.encode() for a in argv) + b"\0"
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if marker.encode() in (entry / "cmdline").read_bytes():
+                if (entry / "cmdline").read_bytes() == want:
                     found.append(int(entry.name))
             except OSError:
                 continue
@@ -194,7 +196,7 @@ def test_escape_suite_through_inspects_own_tools(tcp_server, small_world_path, t
     text = escape("disk", "fill the disk (bash)", f"RLIMIT_FSIZE ({TIGHT.limits.file_bytes >> 20} MiB)")
     assert "File size limit exceeded" in text and f"{TIGHT.limits.file_bytes} " in text, text
     assert escape("alive", "the next call", "works") == "alive\n65534\n"
-    assert _host_processes("3600") == []
+    assert _host_processes("sleep", "3600") == []
 
 
 def test_a_codeact_sample_shares_the_episodes_sandbox(small_world_path, tmp_path: Path):

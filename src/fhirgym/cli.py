@@ -446,7 +446,8 @@ def _ray_option(f):
               help="react | codeact | reference | null | nothing-found | guess | cmd:\"PROGRAM ARGS\" | "
                    "package.module:Class")
 @click.option("--model", default=None, help="local/qwen2.5-coder-1.5b (default), local/qwen2.5-coder-0.5b, "
-              "local/PATH.gguf, openai/NAME, openai-compatible/NAME (with --base-url)")
+              "local/PATH.gguf, local/MODEL+ADAPTER.gguf (a LoRA adapter of rl export --adapter), openai/NAME, "
+              "openai-compatible/NAME (with --base-url)")
 @click.option("--base-url", default=None, envvar="OPENAI_BASE_URL", help="Endpoint of an OpenAI-compatible server.")
 @click.option("--tasks", "selector", default=None,
               help="Task selector: ids, globs (scheduling.*), categories, reads/writes, d1-d3, all, default  "
@@ -963,6 +964,89 @@ def rl_dataset(track: str, split: str, selector: str | None, per_family: int, ma
     click.echo(f"{len(rows)} rows ({split}) → " + ", ".join(str(p) for p in paths))
 
 
+@rl_group.command("trajectories")
+@click.option("--track", type=click.Choice(["action", "qa"]), default="action", show_default=True,
+              help="action: ReAct over the task families; qa: CodeAct over the QA questions.")
+@click.option("--split", type=click.Choice(["train", "valid"]), default="train", show_default=True,
+              help="train: seeds from 100 on (QA: the train patients); valid: the RL valid seeds (QA: patients).")
+@click.option("--tasks", "selector", default="train", show_default=True,
+              help="train or eval (the held-out split's sides), or a task selector; QA: qa.<template> globs.")
+@click.option("--per-family", default=20, show_default=True, help="Instances per family (QA: per template).")
+@click.option("--model", default="qwen2.5-coder-0.5b", show_default=True,
+              help="The local model whose template and grammar the trajectories are written in.")
+@click.option("--allow-overlap", is_flag=True, help="Allow the held-out eval families or evaluation's seeds.")
+@click.option("--qa-per-template", default=20, show_default=True, help="QA: size of the question set built.")
+@click.option("--qa-seed", default=0, show_default=True)
+@click.option("--world-seed", default=DEFAULT_SEED, show_default=True)
+@click.option("--patients", default=DEFAULT_PATIENTS, show_default=True)
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
+def rl_trajectories(track: str, split: str, selector: str, per_family: int, model: str, allow_overlap: bool,
+                    qa_per_template: int, qa_seed: int, world_seed: int, patients: int, out: Path) -> None:
+    """Expert trajectories for behaviour cloning: each instance's reference solution replayed as the local
+    model's turns through a real episode, in the exact tokens evaluation shows the model; kept only on a
+    strict pass. Writes trajectories.jsonl, skipped.jsonl (with reasons) and manifest.json."""
+    from .rl import OverlapError, Selection, write_trajectories
+
+    sel = Selection(track=track, split=split, tasks=selector, per_family=per_family,
+                    world={"seed": world_seed, "patients": patients},
+                    qa={"per_template": qa_per_template, "seed": qa_seed}, allow_overlap=allow_overlap)
+
+    def progress(item) -> None:
+        if getattr(item, "reason", None):
+            click.echo(f"skipped {item.task_id} s{item.seed}: {item.reason}", err=True)
+
+    try:
+        manifest = write_trajectories(out, sel, model, progress)
+    except (OverlapError, ValueError, KeyError) as exc:
+        raise click.ClickException(str(exc)) from None
+    for family, counts in manifest["per_family"].items():
+        click.echo(f"{family:44} kept {counts['kept']:4}  not expressible {counts['skipped']:4}")
+    click.echo(f"{manifest['kept']} kept, {manifest['skipped']} not expressible, {manifest['tokens']} tokens "
+               f"({manifest['trained_tokens']} trained) in {manifest['seconds']} s → {out}")
+
+
+@rl_group.command("sft")
+@click.option("--data", type=click.Path(file_okay=False, exists=True, path_type=Path), required=True,
+              help="A directory written by `fhirgym rl trajectories`.")
+@click.option("--valid", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
+              help="Trajectories of the valid split, for a held-out loss each epoch.")
+@click.option("--model", default="qwen2.5-coder-0.5b", show_default=True,
+              help="qwen2.5-coder-0.5b/1.5b (fhirgym's GGUF), a .gguf path, a model directory or a HF hub id.")
+@click.option("--epochs", default=2.0, show_default=True)
+@click.option("--steps", type=int, default=-1, show_default=True, help="Optimiser steps (> 0: instead of epochs).")
+@click.option("--lr", default=2e-4, show_default=True)
+@click.option("--lora-r", default=16, show_default=True)
+@click.option("--grad-accum", default=4, show_default=True, help="Trajectories per optimiser step.")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
+              help="Base weights (auto: bfloat16 where the CPU has it); LoRA and the output head stay float32.")
+@click.option("--save-steps", default=25, show_default=True)
+@click.option("--seed", default=0, show_default=True)
+@click.option("--threads", type=int, default=None)
+@click.option("--resume", is_flag=True, help="Go on from the last checkpoint in --out.")
+@click.option("--time-limit", type=float, default=None, help="Minutes of training, then save as usual.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
+def rl_sft(data: Path, valid: Path | None, model: str, epochs: float, steps: int, lr: float, lora_r: int,
+           grad_accum: int, dtype: str, save_steps: int, seed: int, threads: int | None, resume: bool,
+           time_limit: float | None, out: Path) -> None:
+    """Behaviour cloning: TRL's SFTTrainer with LoRA on expert trajectories, the loss on the model's own
+    replies only (needs `pip install 'fhirgym[rl]'`). Writes checkpoints, curve.jsonl/png, final/ and
+    summary.json; `fhirgym rl export` turns final/ into a GGUF or an adapter llama.cpp serves."""
+    try:
+        import trl  # noqa: F401
+
+        from .rl import SftSpec, sft
+    except ImportError as exc:
+        raise click.ClickException(f"rl sft needs the rl extra: pip install 'fhirgym[rl]' ({exc})") from None
+    spec = SftSpec(out=out, data=data, valid=valid, model=model, epochs=epochs, max_steps=steps, lr=lr,
+                   lora_r=lora_r, grad_accum=grad_accum, dtype=dtype, save_steps=save_steps, seed=seed,
+                   threads=threads, resume=resume, time_limit_min=time_limit, command=" ".join(sys.argv))
+    try:
+        summary = sft(spec)
+    except (ValueError, FileNotFoundError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(json.dumps(summary, indent=1))
+
+
 @rl_group.command("recipes")
 @click.option("--json", "as_json", is_flag=True)
 def rl_recipes(as_json: bool) -> None:
@@ -1108,20 +1192,31 @@ def rl_eval_cmd(model: str, base_url: str | None, n: int, split: str, temperatur
 @click.option("--checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True,
               help="A LoRA checkpoint of rl train (final/ or checkpoint-N/).")
 @click.option("--out", type=click.Path(path_type=Path), required=True,
-              help="FILE.gguf (merged into the base GGUF, for llama.cpp) or, with --hf, a directory.")
+              help="FILE.gguf (merged into the base GGUF, or with --adapter the adapter alone) or, with --hf, "
+                   "a directory.")
+@click.option("--adapter", is_flag=True,
+              help="Write a llama.cpp LoRA adapter GGUF (F32, a few MB) that llama.cpp applies over the base.")
 @click.option("--hf", is_flag=True, help="Write a merged Hugging Face directory instead (needs torch).")
-def rl_export(checkpoint: Path, out: Path, hf: bool) -> None:
-    """Merge a LoRA checkpoint so `fhirgym eval` can serve it: into the base GGUF (then
-    `fhirgym eval --agent react --model local/OUT.gguf`), or into a Hugging Face directory."""
+def rl_export(checkpoint: Path, out: Path, adapter: bool, hf: bool) -> None:
+    """Make a LoRA checkpoint servable by `fhirgym eval`: merged into the base GGUF (then
+    `fhirgym eval --agent react --model local/OUT.gguf`), as a llama.cpp adapter for that base
+    (`--model local/BASE+OUT.gguf`), or merged into a Hugging Face directory."""
+    if adapter and hf:
+        raise click.UsageError("--adapter and --hf write different things: give one")
     try:
-        from .rl import merge_into_gguf, merge_to_hf
+        from .rl import base_of, merge_into_gguf, merge_to_hf, write_lora_gguf
 
-        path = merge_to_hf(checkpoint, out) if hf else merge_into_gguf(checkpoint, out)
+        if hf:
+            click.echo(f"wrote {merge_to_hf(checkpoint, out)}")
+            return
+        path = (write_lora_gguf if adapter else merge_into_gguf)(checkpoint, out)
+        model = f"{base_of(checkpoint)}+{path}" if adapter else str(path)
     except ImportError as exc:
         raise click.ClickException(f"rl export needs the rl extra: pip install 'fhirgym[rl]' ({exc})") from None
     except (ValueError, FileNotFoundError, KeyError) as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"wrote {path}" + ("" if hf else f"; evaluate it with: fhirgym eval --agent react --model local/{path}"))
+    click.echo(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB); evaluate it with: "
+               f"fhirgym eval --agent react --model local/{model}")
 
 
 @rl_group.command("skyrl")

@@ -30,9 +30,11 @@ from ._factory import (
     make_backend,
     needs_model,
 )
+from ._local import LocalBackend
 from ._prompt import worked_example
-from ._react import SYSTEM_PROMPT, ReactAgent
+from ._react import OBSERVATION, SYSTEM_PROMPT, ReactAgent
 from ._scripted import ScriptedBackend
+from ._template import ChatTemplate
 from ._toolcalls import parse_tool_calls
 from ._weights import ModelUnavailable, model_path
 
@@ -44,6 +46,7 @@ __all__ = [
     "INFRASTRUCTURE_ERRORS",
     "LOCAL_MODELS",
     "MODEL_AGENTS",
+    "OBSERVATION",
     "STOP_REASONS",
     "SYSTEM_PROMPT",
     "Agent",
@@ -52,10 +55,12 @@ __all__ = [
     "BackendError",
     "ChatBackend",
     "ChatResult",
+    "ChatTemplate",
     "CodeActAgent",
     "CommandAgent",
     "ContextLengthExceeded",
     "GuessAgent",
+    "LocalBackend",
     "ModelUnavailable",
     "NothingFoundAgent",
     "NullAgent",

@@ -34,6 +34,7 @@ ACCEPTED_FORMS = (
     f"local/{LOCAL_MODELS[0]} (default local model)",
     f"local/{LOCAL_MODELS[1]}",
     "local/PATH.gguf (any llama.cpp GGUF file)",
+    "local/MODEL+ADAPTER.gguf (a model above with a LoRA adapter GGUF applied at load)",
 )
 
 
@@ -57,13 +58,25 @@ def make_backend(
     if prefix == "local":
         from ._local import LocalBackend
 
-        target = rest or DEFAULT_LOCAL_MODEL
+        target, lora = _local_target(rest or DEFAULT_LOCAL_MODEL)
+        if lora and options.get("lora"):
+            raise ValueError(f"{model!r} names an adapter and lora= names another: give one")
         if target in LOCAL_MODELS or target.endswith(".gguf"):
-            return LocalBackend(target, **options)
+            return LocalBackend(target, **((options | {"lora": lora}) if lora else options))
         raise ValueError(
-            f"unknown local model {target!r}: use one of {', '.join(LOCAL_MODELS)} or a path ending in .gguf"
+            f"unknown local model {target!r}: use one of {', '.join(LOCAL_MODELS)} or a path ending in .gguf, "
+            "optionally +ADAPTER.gguf"
         )
     raise ValueError(f"unknown model string {model!r}; accepted forms: " + "; ".join(ACCEPTED_FORMS))
+
+
+def _local_target(text: str) -> tuple[str, str | None]:
+    """``BASE+ADAPTER.gguf`` → (base, adapter) where BASE is a known model or a ``.gguf`` path (so a file
+    whose own name holds a ``+`` still names one model); anything else → (text, None)."""
+    base, plus, adapter = text.rpartition("+")
+    if plus and adapter.endswith(".gguf") and (base in LOCAL_MODELS or base.endswith(".gguf")):
+        return base, adapter
+    return text, None
 
 
 def needs_model(agent: str) -> bool:

@@ -12,6 +12,14 @@ A CPU model reads slowly, so the backend also says what it can afford (``tool_bu
 prefills ~37 tokens/s and decodes ~8, so one 12,000-character tool result (~3,500 tokens) costs ~95 s and
 a 1,024-token ramble ~2 min, while 4,000 characters (~30 s) still hold a page of search results.
 
+A LoRA adapter GGUF (``fhirgym rl export --adapter``) is applied on top of the base right after the base
+loads (``lora=``; model string ``local/<base>+<adapter>.gguf``), and :meth:`LocalBackend.use_lora` swaps it
+on the loaded base without reloading it (a GRPO rollout batch after each update): the new adapter is
+loaded and set on the context, the old one freed, and the KV cache and llama-cpp-python's prefix
+bookkeeping are cleared, since both were computed with the old weights. Instances are shared by base
+file, settings and adapter; a call always runs with its own backend's adapter (swapped back first if
+another backend on the same instance swapped it).
+
 Calls that use every core also take a machine-wide file lock: llama.cpp's worker threads spin at barriers,
 so two such processes on the same cores slow each other down ~20x (measured: 0.7 tok/s instead of ~30
 while a second process decoded). Taking turns costs each caller only its wait.
@@ -32,6 +40,7 @@ from typing import Any
 from ._backend import LOCAL_MODELS, BackendError, ChatResult, ContextLengthExceeded, local_model_label
 from ._grammar import looked_up, seen_ids, turn_grammar
 from ._prompt import compact_tools, worked_example
+from ._template import ChatTemplate
 from ._toolcalls import parse_tool_calls
 from ._weights import ModelUnavailable, file_lock, model_path, models_dir
 
@@ -40,9 +49,43 @@ from ._weights import ModelUnavailable, file_lock, model_path, models_dir
 class _Shared:
     llama: Any
     lock: threading.Lock = field(default_factory=threading.Lock)
+    lora: str | None = None  # the adapter file set on the context now
+    adapter: Any = None  # its llama.cpp handle
+
+    def set_lora(self, path: str | None) -> None:
+        """Make ``path`` (None: none) the context's only adapter, scale 1, and forget every cached token.
+        The caller holds ``lock``."""
+        import ctypes
+
+        import llama_cpp
+
+        new = None
+        if path is not None:
+            _require_file(path)
+            new = llama_cpp.llama_adapter_lora_init(self.llama.model, path.encode())
+            if not new:
+                raise BackendError(f"llama.cpp could not load the LoRA adapter {path}: not a LoRA adapter GGUF "
+                                   "of this base model (write one with fhirgym rl export --adapter)")
+        adapters = (llama_cpp.llama_adapter_lora_p_ctypes * 1)(new) if new else None
+        scales = (ctypes.c_float * 1)(1.0) if new else None
+        if llama_cpp.llama_set_adapters_lora(self.llama.ctx, adapters, 1 if new else 0, scales):
+            if new:
+                llama_cpp.llama_adapter_lora_free(new)
+            raise BackendError(f"llama.cpp could not set the LoRA adapter {path} on its context")
+        if self.adapter:  # no longer on the context: safe to free
+            llama_cpp.llama_adapter_lora_free(self.adapter)
+        self.adapter, self.lora = new, path
+        # the KV cells and the token prefix llama-cpp-python would reuse hold the old weights' keys/values
+        self.llama.reset()
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.llama.ctx), True)
+
+    def close(self) -> None:
+        if self.adapter:  # freed while its model still exists
+            self.set_lora(None)
+        self.llama.close()
 
 
-_instances: dict[tuple[str, int, int], _Shared] = {}
+_instances: dict[tuple[str, int, int, str | None], _Shared] = {}
 _instances_lock = threading.Lock()
 
 
@@ -52,7 +95,7 @@ def _close_all() -> None:
     with _instances_lock:
         for shared in _instances.values():
             with contextlib.suppress(Exception):
-                shared.llama.close()
+                shared.close()
         _instances.clear()
 
 
@@ -84,6 +127,8 @@ class LocalBackend:
     Loading happens on the first :meth:`chat` (or an explicit :meth:`load`), so building the backend is cheap;
     a missing file or runtime then raises :class:`BackendError`. ``exclusive`` (default: when ``n_threads``
     covers all cores) serializes inference across processes through a lock file in the model cache.
+
+    ``lora``: a LoRA adapter GGUF for this base, applied when the base loads; :meth:`use_lora` swaps it.
     """
 
     def __init__(
@@ -101,12 +146,16 @@ class LocalBackend:
         reasoning: int = 0,
         call_first: bool = True,
         calls_per_turn: int = 3,
+        lora: str | Path | None = None,
         **llama_options: Any,
     ) -> None:
+        if {"lora_path", "lora_base"} & set(llama_options):
+            raise ValueError("give a LoRA adapter as lora=PATH (llama.cpp's lora_path/lora_base are not used)")
         self.source = str(path_or_name)
+        self.lora = _adapter_file(lora)
         self.tool_budget = tool_budget
         self.max_reply_tokens = max_reply_tokens
-        self.name = local_model_label(self.source)
+        self.name = self._label()
         self.n_ctx = n_ctx
         self.n_threads = n_threads or os.cpu_count() or 1
         self.seed = seed
@@ -124,6 +173,7 @@ class LocalBackend:
         # what the model wrote, by the (text, calls) the agent kept of it: the history is then rendered
         # with the model's own tokens, so the next turn reuses their KV instead of prefilling a re-rendering
         self._raw: dict[str, str] = {}
+        self._template: ChatTemplate | None = None
 
     @property
     def path(self) -> Path:
@@ -136,17 +186,50 @@ class LocalBackend:
         return path
 
     def load(self) -> Any:
-        """Return the process-wide ``Llama`` for this model file and settings, loading it once."""
+        """Return the process-wide ``Llama`` for this model file, settings and adapter, loading it once."""
         if self._shared is None:
             path = str(self.path.resolve())
-            key = (path, self.n_ctx, self.n_threads)
             with _instances_lock:
-                shared = _instances.get(key)
+                shared = _instances.get((path, self.n_ctx, self.n_threads, self.lora))
                 if shared is None:
+                    if self.lora:
+                        _require_file(self.lora)  # before the base's load time is spent
                     shared = _Shared(self._new_llama(path))
-                    _instances[key] = shared
+                    if self.lora:
+                        with shared.lock:
+                            shared.set_lora(self.lora)
+                    _instances[(path, self.n_ctx, self.n_threads, self.lora)] = shared
             self._shared = shared
         return self._shared.llama
+
+    def use_lora(self, lora: str | Path | None) -> None:
+        """Swap the adapter (``None``: the bare base) on the loaded base without reloading it: the new one is
+        loaded and set, the old one freed, the KV cache and the reusable prefix cleared. Before the first
+        load it only chooses the adapter applied at load."""
+        new = _adapter_file(lora)
+        if self._shared is not None:
+            with self._shared.lock:
+                self._apply_lora(new)  # a failure leaves the backend as it was
+        self.lora = new
+        self.name = self._label()
+
+    def _apply_lora(self, lora: str | None) -> None:
+        """Set ``lora`` on the shared instance if another adapter is set there (the caller holds its lock),
+        and file the instance under the adapter it now carries."""
+        shared = self._shared
+        assert shared is not None
+        if shared.lora == lora:
+            return
+        old = shared.lora
+        shared.set_lora(lora)
+        path = str(self.path.resolve())
+        with _instances_lock:
+            if _instances.get((path, self.n_ctx, self.n_threads, old)) is shared:
+                del _instances[(path, self.n_ctx, self.n_threads, old)]
+            _instances.setdefault((path, self.n_ctx, self.n_threads, lora), shared)
+
+    def _label(self) -> str:
+        return local_model_label(self.source) + (f"+{Path(self.lora).stem}" if self.lora else "")
 
     def _new_llama(self, path: str) -> Any:
         try:
@@ -187,6 +270,7 @@ class LocalBackend:
         waiting = time.perf_counter()
         # a Llama is not thread-safe, and its KV cache holds one conversation at a time
         with self._shared.lock, self._machine_lock():
+            self._apply_lora(self.lora)
             before = _cached_tokens(llama)
             started = time.perf_counter()
             try:
@@ -244,6 +328,32 @@ class LocalBackend:
             converted[1:1] = worked_example(tools, answer_schema is not None)
         return converted
 
+    def template(self) -> ChatTemplate:
+        """The model file's chat template, tokenizer and grammar checker (no weights needed)."""
+        if self._template is None:
+            self._template = ChatTemplate(str(self.path.resolve()))
+        return self._template
+
+    def render(self, messages: list[dict], tools: list[dict] | None, answer_schema: dict | None = None) -> str:
+        """The exact prompt text :meth:`chat` has llama.cpp continue for these messages (worked example,
+        compact tools and the model's own earlier replies included), up to where the model's turn starts."""
+        converted = self._prompt(messages, tools, answer_schema)
+        shown = (compact_tools(tools) if self.compact else tools) if tools else None
+        return self.template().render(converted, shown)
+
+    def turn_gbnf(self, messages: list[dict], tools: list[dict] | None, answer_schema: dict | None) -> str | None:
+        """The GBNF grammar :meth:`chat` samples this turn under (None: no grammar)."""
+        if not (self.grammar and tools):
+            return None
+        return turn_grammar(tools, answer_schema, reasoning=self.reasoning,
+                            allow_answer=not self.call_first or looked_up(messages), ids=seen_ids(messages),
+                            max_calls=self.calls_per_turn)
+
+    def remember(self, text: str, calls: list[tuple[str, dict]], raw: str) -> None:
+        """Render a later history's turn (``text`` and ``calls``, as the agent keeps it) as ``raw``: what the
+        model wrote, so that the next prompt holds the model's own tokens."""
+        self._remember(text, calls, raw)
+
     def _remember(self, text: str, calls: list[tuple[str, dict]], raw: str) -> None:
         if len(self._raw) >= 512:  # bounded: only the running episodes' turns matter
             self._raw.pop(next(iter(self._raw)))
@@ -253,19 +363,26 @@ class LocalBackend:
     def _grammar(self, messages: list[dict], tools: list[dict], answer_schema: dict | None) -> Any:
         from llama_cpp import LlamaGrammar
 
-        looked = not self.call_first or looked_up(messages)
-        ids = seen_ids(messages)
-        key = json.dumps([tools, answer_schema, looked, ids], sort_keys=True)
+        key = json.dumps([tools, answer_schema, looked_up(messages), seen_ids(messages)], sort_keys=True)
         if key not in self._grammars:
             if len(self._grammars) >= 256:  # bounded: the id sets of finished episodes are not needed again
                 self._grammars.pop(next(iter(self._grammars)))
-            text = turn_grammar(tools, answer_schema, reasoning=self.reasoning, allow_answer=looked, ids=ids,
-                                max_calls=self.calls_per_turn)
-            self._grammars[key] = LlamaGrammar.from_string(text, verbose=False)
+            self._grammars[key] = LlamaGrammar.from_string(self.turn_gbnf(messages, tools, answer_schema),
+                                                           verbose=False)
         return self._grammars[key]
 
     def _machine_lock(self) -> contextlib.AbstractContextManager[None]:
         return file_lock(models_dir() / "inference.lock") if self.exclusive else contextlib.nullcontext()
+
+
+def _adapter_file(lora: str | Path | None) -> str | None:
+    """The adapter as an absolute path: one shared instance per file, however the path is spelled."""
+    return None if lora is None else str(Path(lora).expanduser().resolve())
+
+
+def _require_file(lora: str) -> None:
+    if not Path(lora).is_file():
+        raise ModelUnavailable(f"LoRA adapter file {lora} does not exist")
 
 
 def _to_template_message(message: dict) -> dict:

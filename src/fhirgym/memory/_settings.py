@@ -4,7 +4,7 @@
     unseen       train variations 0,1; evaluate variations 2,3,4 of the same families
     paraphrased  as unseen, prompts paraphrased in training (phrasing 1) and evaluation (phrasing 2)
     held-out     train variations 0,1 of the split's train families; evaluate variations 2,3,4 of its
-                 eval families, paraphrased (the split is fixed and shipped: data/heldout_split.json)
+                 eval families, paraphrased (the split is fixed and shipped: ``tasks.heldout_split``)
 
 Outside ``same``, a training and an evaluation instance never share a (family, seed): :func:`plan_setting`
 checks it and refuses a plan that would break it.
@@ -13,11 +13,8 @@ checks it and refuses a plan that would break it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from importlib.resources import files
 
-import orjson
-
-from ..tasks import select
+from ..tasks import heldout_split, select
 
 SETTINGS = ("same", "unseen", "paraphrased", "held-out")
 DEFAULT_SEEDS = {"same": ([0], [0]), "unseen": ([0, 1], [2, 3, 4]), "paraphrased": ([0, 1], [2, 3, 4]),
@@ -28,11 +25,6 @@ PARAPHRASES = {"same": (0, 0), "unseen": (0, 0), "paraphrased": (1, 2), "held-ou
 
 class SettingError(ValueError):
     pass
-
-
-def heldout_split() -> dict[str, list[str]]:
-    data = orjson.loads(files("fhirgym.memory").joinpath("data", "heldout_split.json").read_bytes())
-    return {"train": data["train"], "eval": data["eval"]}
 
 
 @dataclass(frozen=True)

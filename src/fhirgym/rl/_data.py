@@ -137,8 +137,10 @@ def dataset_rows(track: str = "action", split: str = "train", *, tasks: str = "a
     return rows
 
 
-def _qa_rows(tw: TaskWorld, world: dict, split: str, tasks: str, per_template: int, max_turns: int,
-             qa: dict, config: str, example: bool) -> list[dict[str, Any]]:
+def split_questions(tw: TaskWorld, split: str, tasks: str, per_template: int,
+                    qa: dict | None = None) -> list[tuple[QaFamily, QaQuestion]]:
+    """The first ``per_template`` questions of the split for every template ``tasks`` selects (``qa.<id>``
+    ids or globs; all/default: every template), with their template's family."""
     by_template: dict[str, list[QaQuestion]] = {}
     for q in qa_questions(tw, qa).values():
         if q.split == split:
@@ -150,18 +152,22 @@ def _qa_rows(tw: TaskWorld, world: dict, split: str, tasks: str, per_template: i
         fams = []
     if not fams:
         raise ValueError(f"--tasks {tasks!r} selects no QA template; see `fhirgym qa templates`")
+    return [(fam, q) for fam in fams for q in by_template[fam.id[3:]][:per_template]]
+
+
+def _qa_rows(tw: TaskWorld, world: dict, split: str, tasks: str, per_template: int, max_turns: int,
+             qa: dict, config: str, example: bool) -> list[dict[str, Any]]:
     rows = []
-    for fam in fams:
-        for q in by_template[fam.id[3:]][:per_template]:
-            prompt = _prompt(qa_instance(q, tw), max_turns, config, example)
-            rows.append({"data_source": "fhirgym/qa", "prompt": prompt, "env_class": ENV_CLASSES["qa"],
-                         "reward_spec": {"method": "rule", "ground_truth": None},
-                         "extra_info": {"track": "qa", "task_id": fam.id, "question_id": q.id, "seed": q.seed,
-                                        "split": split, "patient_id": q.patient_id, "shape": q.shape,
-                                        "category": "qa", "difficulty": fam.difficulty, "writes": False,
-                                        "world": world, "qa": {"per_template": int(qa["per_template"]),
-                                                               "seed": int(qa["seed"])},
-                                        "max_turns": max_turns, "example": example}})
+    for fam, q in split_questions(tw, split, tasks, per_template, qa):
+        prompt = _prompt(qa_instance(q, tw), max_turns, config, example)
+        rows.append({"data_source": "fhirgym/qa", "prompt": prompt, "env_class": ENV_CLASSES["qa"],
+                     "reward_spec": {"method": "rule", "ground_truth": None},
+                     "extra_info": {"track": "qa", "task_id": fam.id, "question_id": q.id, "seed": q.seed,
+                                    "split": split, "patient_id": q.patient_id, "shape": q.shape,
+                                    "category": "qa", "difficulty": fam.difficulty, "writes": False,
+                                    "world": world, "qa": {"per_template": int(qa["per_template"]),
+                                                           "seed": int(qa["seed"])},
+                                    "max_turns": max_turns, "example": example}})
     return rows
 
 

@@ -9,12 +9,24 @@ permutation for ``qwen2``), so ``blk.N.attn_q.weight`` is ``model.layers.N.self_
 The result runs on llama.cpp: ``fhirgym eval --agent react --model local/OUT.gguf``. For a base that is
 not a GGUF, :func:`merge_to_hf` writes a merged Hugging Face directory (llama.cpp's
 ``convert_hf_to_gguf.py`` turns that into a GGUF; fhirgym does not ship it).
+
+:func:`write_lora_gguf` writes the adapter itself as a llama.cpp LoRA GGUF instead (what llama.cpp's
+``convert_lora_to_gguf.py`` writes, without needing the base's Hugging Face config): ``general.type``
+``adapter``, ``adapter.type`` ``lora``, ``adapter.lora.alpha``, and per adapted tensor
+``<base tensor name>.lora_a`` / ``.lora_b`` holding PEFT's ``lora_A`` (r × in) and ``lora_B`` (out × r)
+unchanged in F32; llama.cpp adds ``scale · (alpha / r) · B(A x)`` to that tensor's product (``r`` read
+from ``lora_b``), which is PEFT's forward. A base then loads once and adapters are swapped on it
+(:meth:`fhirgym.agents.LocalBackend.use_lora`). The base is checked from its header alone
+(:func:`gguf_header`): ``gguf``'s ``GGUFReader`` turns every element of the 150k-entry Qwen vocabulary
+into numpy views, 20 s per read on this machine, too slow to export an adapter every training step.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import re
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -33,23 +45,131 @@ def base_of(checkpoint: Path) -> str:
     return json.loads((checkpoint / "adapter_config.json").read_text())["base_model_name_or_path"]
 
 
-def lora_deltas(checkpoint: Path) -> dict[str, Any]:
-    """``{gguf tensor name: (alpha / r) · B @ A}`` (float32 numpy, shape out × in) of a PEFT adapter."""
+def lora_pairs(checkpoint: Path) -> tuple[dict[str, tuple[Any, Any]], float]:
+    """``({gguf tensor name: (A, B)}, alpha)`` of a plain PEFT LoRA over q/k/v/o (float32 numpy, A r × in,
+    B out × r); anything else in the checkpoint (other modules, biases, per-module ranks) is refused."""
     import numpy as np
     from safetensors.numpy import load_file
 
     config = json.loads((checkpoint / "adapter_config.json").read_text())
     if config.get("use_rslora") or config.get("use_dora"):
-        raise ValueError("rsLoRA/DoRA adapters are not merged here (fhirgym trains plain LoRA)")
-    scale = float(config["lora_alpha"]) / float(config["r"])
+        raise ValueError("rsLoRA/DoRA adapters are not supported (fhirgym trains plain LoRA)")
+    if config.get("rank_pattern") or config.get("alpha_pattern") or config.get("fan_in_fan_out"):
+        raise ValueError("per-module ranks/alphas and fan_in_fan_out are not supported (fhirgym trains one r "
+                         "and one alpha)")
     weights = load_file(str(checkpoint / "adapter_model.safetensors"))
     parts: dict[str, dict[str, Any]] = {}
     for key, value in weights.items():
         m = _KEY.search(key)
         if not m:
-            raise ValueError(f"adapter tensor {key!r} is not a LoRA of an attention projection")
+            raise ValueError(f"adapter tensor {key!r} is not a LoRA of an attention projection "
+                             f"({', '.join(_GGUF_NAMES)})")
         parts.setdefault(f"blk.{m.group(1)}.{_GGUF_NAMES[m.group(2)]}.weight", {})[m.group(3)] = value
-    return {name: scale * (p["B"].astype(np.float32) @ p["A"].astype(np.float32)) for name, p in parts.items()}
+    pairs = {}
+    for name, p in parts.items():
+        if set(p) != {"A", "B"}:
+            raise ValueError(f"{name}: the checkpoint holds lora_{''.join(p)} only")
+        a, b = p["A"].astype(np.float32), p["B"].astype(np.float32)
+        if a.shape[0] != config["r"] or b.shape[1] != config["r"]:
+            raise ValueError(f"{name}: A {a.shape}, B {b.shape} do not have the configured rank {config['r']}")
+        pairs[name] = (a, b)
+    if float(config["lora_alpha"]) <= 0:  # llama.cpp reads alpha 0 as "unscaled", PEFT as a zero update
+        raise ValueError(f"lora_alpha {config['lora_alpha']}: must be > 0")
+    return pairs, float(config["lora_alpha"])
+
+
+def lora_deltas(checkpoint: Path) -> dict[str, Any]:
+    """``{gguf tensor name: (alpha / r) · B @ A}`` (float32 numpy, shape out × in) of a PEFT adapter."""
+    pairs, alpha = lora_pairs(checkpoint)
+    return {name: (alpha / a.shape[0]) * (b @ a) for name, (a, b) in pairs.items()}
+
+
+def _base_gguf(checkpoint: Path) -> Path:
+    base = base_of(checkpoint)
+    if base in LOCAL_MODELS:
+        return model_path(base)
+    if base.endswith(".gguf"):
+        return Path(base)
+    raise ValueError(f"the checkpoint's base {base!r} is no GGUF: use merge_to_hf, then llama.cpp's "
+                     "convert_hf_to_gguf.py")
+
+
+def write_lora_gguf(checkpoint: Path, out: Path, base_gguf: Path | None = None) -> Path:
+    """Write ``out``: the checkpoint's LoRA as a llama.cpp adapter GGUF (F32) for the GGUF it was trained
+    from, checked against that base (architecture, tensor names and shapes) so llama.cpp will take it."""
+    from gguf import GGUFType, GGUFWriter, Keys
+
+    pairs, alpha = lora_pairs(checkpoint)
+    arch, shapes = gguf_header(base_gguf or _base_gguf(checkpoint))
+    for name, (a, b) in pairs.items():
+        if name not in shapes:
+            raise ValueError(f"the base GGUF has no tensor {name}: not the checkpoint's base")
+        if shapes[name] != (a.shape[1], b.shape[0]):
+            raise ValueError(f"{name}: base (in, out) {shapes[name]} vs adapter {(a.shape[1], b.shape[0])}")
+    writer = GGUFWriter(str(out), arch=arch)
+    writer.add_type(GGUFType.ADAPTER)
+    writer.add_string(Keys.Adapter.TYPE, "lora")
+    writer.add_float32(Keys.Adapter.LORA_ALPHA, alpha)
+    for name in sorted(pairs, key=_tensor_order):
+        a, b = pairs[name]
+        writer.add_tensor(f"{name}.lora_a", a)
+        writer.add_tensor(f"{name}.lora_b", b)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def gguf_header(path: Path) -> tuple[str, dict[str, tuple[int, ...]]]:
+    """``(general.architecture, {tensor name: shape in ggml order, (in, out) for a matrix})`` of a
+    little-endian GGUF, read from its header without touching metadata values or tensor data."""
+    import numpy as np
+    from gguf import GGUF_MAGIC, GGUFReader, GGUFValueType
+
+    sizes = {t: np.dtype(d).itemsize for t, d in GGUFReader.gguf_scalar_to_np.items()}
+
+    def string(off: int) -> tuple[str, int]:
+        (n,) = struct.unpack_from("<Q", mm, off)
+        return mm[off + 8:off + 8 + n].decode(), off + 8 + n
+
+    def skip(off: int, kind: int) -> int:
+        if kind == GGUFValueType.STRING:
+            return string(off)[1]
+        if kind != GGUFValueType.ARRAY:
+            return off + sizes[GGUFValueType(kind)]
+        item, count = struct.unpack_from("<IQ", mm, off)
+        off += 12
+        if item in (GGUFValueType.STRING, GGUFValueType.ARRAY):
+            for _ in range(count):
+                off = skip(off, item)
+            return off
+        return off + count * sizes[GGUFValueType(item)]
+
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        magic, version, n_tensors, n_kv = struct.unpack_from("<IIQQ", mm, 0)
+        if magic != GGUF_MAGIC or version not in (2, 3):
+            raise ValueError(f"{path} is not a little-endian GGUF (v2/v3) file")
+        off, arch = 24, None
+        for _ in range(n_kv):
+            key, off = string(off)
+            (kind,) = struct.unpack_from("<I", mm, off)
+            if key == "general.architecture" and kind == GGUFValueType.STRING:
+                arch = string(off + 4)[0]
+            off = skip(off + 4, kind)
+        shapes = {}
+        for _ in range(n_tensors):
+            name, off = string(off)
+            (dims,) = struct.unpack_from("<I", mm, off)
+            shapes[name] = struct.unpack_from(f"<{dims}Q", mm, off + 4)
+            off += 4 + 8 * dims + 4 + 8  # dims, then the type and the data offset
+    if arch is None:
+        raise ValueError(f"{path} names no general.architecture")
+    return arch, shapes
+
+
+def _tensor_order(name: str) -> tuple[int, str]:
+    return int(name.split(".")[1]), name
 
 
 def merge_into_gguf(checkpoint: Path, out: Path, base_gguf: Path | None = None) -> Path:
@@ -58,17 +178,8 @@ def merge_into_gguf(checkpoint: Path, out: Path, base_gguf: Path | None = None) 
     from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
     from gguf.quants import dequantize
 
-    if base_gguf is None:
-        base = base_of(checkpoint)
-        if base in LOCAL_MODELS:
-            base_gguf = model_path(base)
-        elif base.endswith(".gguf"):
-            base_gguf = Path(base)
-        else:
-            raise ValueError(f"the checkpoint's base {base!r} is no GGUF: use merge_to_hf, then llama.cpp's "
-                             "convert_hf_to_gguf.py")
     deltas = lora_deltas(checkpoint)
-    reader = GGUFReader(str(base_gguf))
+    reader = GGUFReader(str(base_gguf or _base_gguf(checkpoint)))
     arch = reader.fields["general.architecture"].contents()
     writer = GGUFWriter(str(out), arch=arch)
     for field in reader.fields.values():

@@ -267,23 +267,26 @@ def _time_limit_callback(minutes: float, steps_per_batch: int, t0: float):
     return TimeLimit()
 
 
-def plot_curve(curve: Path, out: Path) -> Path:
-    """The reward per optimiser step (and its running mean) from ``curve.jsonl``, as a PNG."""
+def plot_curve(curve: Path, out: Path, key: str = "reward") -> Path:
+    """``key`` per optimiser step (and its running mean) from ``curve.jsonl``, as a PNG: the reward of a
+    GRPO run (0 to 1), the loss of behaviour cloning."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in (json.loads(line) for line in curve.read_text().splitlines() if line.strip()) if "reward" in r]
+    rows = [r for r in (json.loads(line) for line in curve.read_text().splitlines() if line.strip()) if key in r]
     steps = [r["step"] for r in rows]
-    rewards = [r["reward"] for r in rows]
+    rewards = [r[key] for r in rows]
     running = [sum(rewards[max(0, i - 4):i + 1]) / len(rewards[max(0, i - 4):i + 1]) for i in range(len(rewards))]
     fig, ax = plt.subplots(figsize=(6, 3.2), dpi=110)
-    ax.plot(steps, rewards, "o", ms=3, alpha=0.5, label="mean reward of the step's completions")
+    label = "mean reward of the step's completions" if key == "reward" else f"{key} of the step"
+    ax.plot(steps, rewards, "o", ms=3, alpha=0.5, label=label)
     ax.plot(steps, running, "-", label="running mean (5 steps)")
     ax.set_xlabel("optimiser step")
-    ax.set_ylabel("reward")
-    ax.set_ylim(-0.05, 1.05)
+    ax.set_ylabel(key)
+    if key == "reward":
+        ax.set_ylim(-0.05, 1.05)
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     fig.savefig(out)

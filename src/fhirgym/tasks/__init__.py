@@ -57,6 +57,7 @@ from ._paraphrase import (
     written_phrasings,
 )
 from ._seeds import parse_seeds
+from ._split import heldout_split
 from .checks import Check
 from .draw import EitherWay, deal, pick
 
@@ -102,6 +103,7 @@ __all__ = [
     "figures",
     "frozen_now",
     "get_family",
+    "heldout_split",
     "load_families",
     "make_instance",
     "mark",

@@ -21,6 +21,7 @@ from ._generate import (
     write_questions,
 )
 from ._instance import QaAnswer, QaFamily, qa_fields, qa_instance, retrieved_ids
+from ._program import Program, program_reply, reference_program, render_answer
 from ._score import (
     Match,
     final_answer,
@@ -40,6 +41,7 @@ __all__ = [
     "FactReader",
     "Match",
     "PatientFacts",
+    "Program",
     "QaAnswer",
     "QaFamily",
     "QaQuestion",
@@ -49,11 +51,14 @@ __all__ = [
     "count_table",
     "final_answer",
     "match_answer",
+    "program_reply",
     "qa_fields",
     "qa_instance",
     "read_facts",
     "read_questions",
+    "reference_program",
     "reference_reply",
+    "render_answer",
     "retrieval_scores",
     "retrieved_ids",
     "says_no_answer",
