@@ -431,6 +431,15 @@ def _seeds(value: str) -> list[int]:
         raise click.BadParameter(str(exc), param_hint="--seeds") from None
 
 
+def _ray_option(f):
+    """``--ray [ADDRESS]``: episodes on a Ray cluster (docs/SCALE.md); bare: ray.init()'s own choice."""
+    return click.option(
+        "--ray", "ray_address", is_flag=False, flag_value="", default=None, metavar="[ADDRESS]",
+        help="Run episodes on a Ray cluster (the ray extra): ADDRESS as ray.init takes it (auto, HOST:PORT, "
+             "ray://HOST:PORT); bare --ray connects to the cluster this machine is part of, else starts one here. "
+             "--parallel is then the episodes in flight over the whole cluster.")(f)
+
+
 @main.command("eval")
 @_families_option
 @click.option("--agent", default="react", show_default=True,
@@ -479,13 +488,20 @@ def _seeds(value: str) -> list[int]:
 @click.option("--memory-mode", type=click.Choice(["tools", "prompt"]), default="tools", show_default=True,
               help="tools: the agent calls searchMemory/getMemoryTips; prompt: the top lessons go into the system "
                    "prompt under a token budget.")
+@click.option("--max-attempts", type=click.IntRange(min=1), default=None,
+              help="openai/ and openai-compatible/ models: requests per model call at most, retries included "
+                   "(429, 5xx, timeouts)  [default: 8]")
+@click.option("--retry-budget", type=click.FloatRange(min=0), default=None,
+              help="... and seconds of waiting between them per call, Retry-After honoured; then the episode is "
+                   "an infrastructure error  [default: 600]")
+@_ray_option
 @_world_options
 def eval_cmd(agent: str, model: str | None, base_url: str | None, selector: str, seeds: str, runs: int, config: str,
              setting: str, out: Path, parallel: int, resume: bool, max_iterations: int | None,
              budget: int | None, unsafe_python: bool, paraphrases: int, no_report: bool, sealed: bool,
              secret: str | None, track: str, split: str, questions: Path | None, per_template: int,
-             memory_dir: Path | None, memory_mode: str, world_path: Path | None, patients: int,
-             world_seed: int) -> None:
+             memory_dir: Path | None, memory_mode: str, max_attempts: int | None, retry_budget: float | None,
+             ray_address: str | None, world_path: Path | None, patients: int, world_seed: int) -> None:
     """Evaluate an agent on tasks: one isolated store per episode, results.jsonl + transcripts + report."""
     import time
 
@@ -503,7 +519,8 @@ def eval_cmd(agent: str, model: str | None, base_url: str | None, selector: str,
                     runs=runs, config=config, setting=setting, parallel=parallel, resume=resume,
                     max_iterations=max_iterations, budget=budget, unsafe_python=unsafe_python,
                     paraphrases=paraphrases, sealed=sealed, secret=secret, track=track, split=split,
-                    questions=questions, per_template=per_template)
+                    questions=questions, per_template=per_template, ray=ray_address, max_attempts=max_attempts,
+                    retry_budget=retry_budget)
     world = _task_world(world_path, patients, world_seed)
     started = time.perf_counter()
     counts: dict[str, int] = {}
@@ -512,7 +529,7 @@ def eval_cmd(agent: str, model: str | None, base_url: str | None, selector: str,
         click.echo(progress_line(line, finished, total, started, counts), nl=finished == total, err=True)
 
     try:
-        results = run_eval(spec, world, progress)
+        results = run_eval(spec, world, progress, log=lambda m: click.echo(m, err=True))
     except (EvalError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"\n{len(results)} episodes in {out} ({time.perf_counter() - started:.0f} s)")
@@ -828,17 +845,21 @@ def memory_group() -> None:
 @click.option("--paraphrase", default=0, show_default=True,
               help="Train on the K-th paraphrase of each variation (cached LLM one, else a written one).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Memory directory.")
+@click.option("--parallel", default=1, show_default=True,
+              help="Actor episodes at a time: every variation's first trial runs ahead (they need no lesson).")
+@_ray_option
 @_world_options
 def memory_train(selector: str, seeds: str, trials: int, model: str | None, evaluator: str | None,
                  reflector: str | None, with_specs: bool, agent: str, base_url: str | None, embedder: str,
-                 paraphrase: int, out: Path, world_path: Path | None, patients: int, world_seed: int) -> None:
+                 paraphrase: int, out: Path, parallel: int, ray_address: str | None, world_path: Path | None,
+                 patients: int, world_seed: int) -> None:
     """Run the actor on training variations; the evaluator and reflector turn each run into lessons."""
     from .memory import MemoryStoreError, TrainSpec, describe, train_memory
     from .tasks import offline_paraphrase
 
     spec = TrainSpec(out=out, tasks=selector, seeds=_seeds(seeds), trials=trials, model=model, evaluator=evaluator,
                      reflector=reflector, with_specs=with_specs, agent=agent, base_url=base_url, embedder=embedder,
-                     paraphrase=paraphrase)
+                     paraphrase=paraphrase, parallel=parallel, ray=ray_address)
     world = _task_world(world_path, patients, world_seed)
 
     def progress(r: dict) -> None:
@@ -878,9 +899,10 @@ def experiment_group() -> None:
 @click.argument("plan", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
 @click.option("--parallel", default=None, type=int, help="Episodes at a time (default: the plan's).")
+@_ray_option
 @_world_options
-def experiment_run(plan: Path, out: Path, parallel: int | None, world_path: Path | None, patients: int,
-                   world_seed: int) -> None:
+def experiment_run(plan: Path, out: Path, parallel: int | None, ray_address: str | None, world_path: Path | None,
+                   patients: int, world_seed: int) -> None:
     """Train each needed memory once, evaluate every cell (resumable), write the report."""
     from .memory import ExperimentError, load_plan, run_experiment
 
@@ -892,7 +914,7 @@ def experiment_run(plan: Path, out: Path, parallel: int | None, world_path: Path
         exp.parallel = parallel
     world = _task_world(world_path, patients, world_seed)
     try:
-        report = run_experiment(exp, out, world, log=lambda m: click.echo(m, err=True))
+        report = run_experiment(exp, out, world, log=lambda m: click.echo(m, err=True), ray=ray_address)
     except ExperimentError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"report: {report}")

@@ -102,11 +102,12 @@ def _memory_key(spec: TrainSpec, world: TaskWorld) -> str:
 
 def run_experiment(plan: Plan, out: Path, world: TaskWorld, *, log: Callable[[str], None] = print,
                    make_agent: Callable[[str], object] | None = None,
-                   make_backend: Callable[[str], object] | None = None) -> Path:
+                   make_backend: Callable[[str], object] | None = None, ray: str | None = None) -> Path:
     """Run (or resume) every cell of ``plan`` into ``out``; returns the report's path.
 
     ``make_agent(model)`` / ``make_backend(model)``: agent and evaluator/reflector backends to use
-    instead of building them from the model strings (tests pass scripted ones)."""
+    instead of building them from the model strings (tests pass scripted ones). ``ray``: run the
+    episodes (training actors and cells) on a Ray cluster (an address; "": ray.init()'s own choice)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "plan.json").write_bytes(orjson.dumps(plan.__dict__, option=orjson.OPT_INDENT_2))
     memories: dict[tuple[str, str, bool], Path] = {}
@@ -118,7 +119,7 @@ def run_experiment(plan: Plan, out: Path, world: TaskWorld, *, log: Callable[[st
                                  model=model, evaluator=plan.evaluator, reflector=plan.reflector,
                                  with_specs=with_specs, agent=plan.agent, base_url=plan.base_url,
                                  max_iterations=plan.max_iterations, budget=plan.budget,
-                                 paraphrase=sp.train_paraphrase)
+                                 paraphrase=sp.train_paraphrase, parallel=plan.parallel, ray=ray)
                 spec.out = out / "memories" / _memory_key(spec, world)
                 meta = spec.out / "memory.json"
                 if not (meta.exists() and orjson.loads(meta.read_bytes()).get("frozen")):
@@ -136,9 +137,9 @@ def run_experiment(plan: Plan, out: Path, world: TaskWorld, *, log: Callable[[st
                                  tasks=",".join(sp.eval_tasks), seeds=sp.eval_seeds, runs=plan.runs, config=config,
                                  setting=setting, parallel=plan.parallel, resume=True,
                                  max_iterations=plan.max_iterations, budget=plan.budget,
-                                 paraphrase_ids=[sp.eval_paraphrase], written_paraphrases=True)
+                                 paraphrase_ids=[sp.eval_paraphrase], written_paraphrases=True, ray=ray)
                 log(f"evaluating {model} / {setting} / {config}")
-                run_eval(espec, world, agent=make_agent(model) if make_agent else None, config=cfg)
+                run_eval(espec, world, agent=make_agent(model) if make_agent else None, config=cfg, log=log)
     return write_experiment_report(plan, out)
 
 
