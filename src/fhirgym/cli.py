@@ -450,7 +450,7 @@ def _ray_option(f):
               "openai-compatible/NAME (with --base-url)")
 @click.option("--base-url", default=None, envvar="OPENAI_BASE_URL", help="Endpoint of an OpenAI-compatible server.")
 @click.option("--tasks", "selector", default=None,
-              help="Task selector: ids, globs (scheduling.*), categories, reads/writes, d1-d3, all, default  "
+              help="Task selector: ids, globs (scheduling.*), categories, reads/writes, d1-d3, split:train/split:eval, all, default  "
                    "[default: default]")
 @click.option("--seeds", default="1", show_default=True, help="N (seeds 0..N-1) or a list like 3,5 or 0-4.")
 @click.option("--runs", default=1, show_default=True, help="Repetitions of every instance.")
