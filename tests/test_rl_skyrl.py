@@ -20,7 +20,10 @@ from fhirgym.rl import (
     dataset_rows,
     instance_for,
     register_skyrl,
+    trl_environment,
+    trl_reward,
 )
+from fhirgym.rl._text import strip_reasoning
 from fhirgym.tasks import TaskWorld
 
 SKYRL_PIN = "0.4.0"
@@ -84,6 +87,46 @@ def test_rows_carry_their_configuration_to_every_env(row):
     env.init([])
     assert env.text._names == {t.name for t in get_config("baseline").tools}
     env.close()
+
+
+def test_reasoning_is_dropped_before_a_reply_is_read():
+    assert strip_reasoning("The final answer is: male") == "The final answer is: male"
+    assert strip_reasoning("<think>\nhmm\n</think>\n\nmale") == "male"
+    assert strip_reasoning("opened by the template</think>\n\nmale") == "male"
+    assert strip_reasoning("<think>a</think>male<think>b</think> too") == "male too"
+    assert strip_reasoning("<think>cut at the length limit <answer>x</answer>") == ""
+    assert strip_reasoning("male <think>second thoughts, never closed") == "male"
+
+
+def test_reasoning_never_reaches_the_call_or_answer_parser(row):
+    """Qwen3's ``<think>`` text in SkyRL's env (what its generator passes as the action) and in TRL's final
+    reply: a call written while thinking does not run, a draft answer there is not judged."""
+    import skyrl_gym
+
+    register_skyrl()
+    extra = row["extra_info"]
+    env = skyrl_gym.make("fhirgym-action", env_config={}, extras={"extra_info": extra, "max_turns": 12})
+    env.init(row["prompt"])
+    thought_call = _call("getResourceById", {"resourceType": "Patient", "resourceId": "p-1"})
+    draft = '<answer>{"patient_id": "a-guess"}</answer>'
+    out = env.step(f"<think>\nMaybe {thought_call} first, or just {draft}\n</think>\n\n{_search(extra)}")
+    assert not out["done"] and out["metadata"]["tool_calls"] == 1 and len(out["observations"]) == 1
+    assert [c.name for c in env.text.episode.calls] == ["searchResources"]
+    out = env.step(f"<think>It could be {draft}.</think>\n\n{_answer(out['observations'][0]['content'])}")
+    assert out["done"] and out["reward"] == 1.0 and env.get_metrics()["success"] == 1.0
+    env.close()
+
+    env = skyrl_gym.make("fhirgym-action", env_config={}, extras={"extra_info": extra})
+    env.init([])
+    out = env.step(f"<think>I will call {thought_call}")  # cut while thinking: nothing runs, nothing answered
+    assert out["done"] and out["reward"] == 0.0 and out["metadata"]["stop"] == "answered"
+    assert env.text.episode.calls == [] and env.get_metrics()["malformed_turns"] == 0
+    env.close()
+
+    trl = trl_environment("read")()
+    trl.reset(**row)
+    observation = trl.searchResources(**_search_args(extra))
+    assert trl_reward(trl, f"<think>{draft}</think>\n\n{_answer(observation)}") == 1.0
 
 
 def test_the_env_builds_its_episode_in_skyrls_env_threads_not_on_its_loop(row, monkeypatch):
