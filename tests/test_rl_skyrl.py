@@ -10,6 +10,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
+from importlib import resources
 
 import orjson
 import pytest
@@ -19,7 +20,11 @@ from fhirgym.rl import (
     FhirTextEnv,
     dataset_rows,
     instance_for,
+    load_recipe,
+    recipe_names,
     register_skyrl,
+    skyrl_overrides,
+    trl_args,
     trl_environment,
     trl_reward,
 )
@@ -41,6 +46,22 @@ def row(world_spec):
     [r] = dataset_rows("action", "train", tasks="records.find_patient", per_family=1, world=world_spec,
                        config="read")
     return r
+
+
+# -- the launch ---------------------------------------------------------------------------------------
+
+def test_overlong_filtering_is_the_recipes_in_trl_and_skyrl(tmp_path):
+    for name in recipe_names():
+        recipe = load_recipe(name)
+        assert recipe.overlong_filtering is True
+        assert trl_args(recipe)["mask_truncated_completions"] is True
+        assert skyrl_overrides(recipe)["generator.apply_overlong_filtering"] is True
+    text = resources.files("fhirgym.rl").joinpath("recipes", "clip-higher.toml").read_text()
+    off = tmp_path / "off.toml"
+    off.write_text(text.replace("overlong_filtering = true", "overlong_filtering = false"))
+    recipe = load_recipe(off)
+    assert trl_args(recipe)["mask_truncated_completions"] is False
+    assert skyrl_overrides(recipe)["generator.apply_overlong_filtering"] is False
 
 
 # -- the environment inside SkyRL ---------------------------------------------------------------------
