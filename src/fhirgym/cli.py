@@ -1202,12 +1202,16 @@ def rl_export(checkpoint: Path, out: Path, adapter: bool, hf: bool) -> None:
 @click.option("--data", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Directory with train.parquet and valid.parquet (fhirgym rl dataset).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
-@click.option("--track", type=click.Choice(["action", "qa"]), default="action", show_default=True,
-              help="Which environment class the rows name (fhirgym-action or fhirgym-qa).")
+@click.option("--track", type=click.Choice(["action", "qa"]), default=None,
+              help="The rows' track (fhirgym-action or fhirgym-qa); checked against the data  [default: the data's]")
+@click.option("--context", type=int, default=None,
+              help="The model's context length in tokens, which caps the conversation (generator.max_input_length "
+                   "= context - max_generate_length)  [default: Qwen3-8B's 40960; needed for another model]")
 @click.option("--set", "sets", multiple=True, help="Extra SkyRL override key=value (repeatable).")
-def rl_skyrl(recipe: str, data: Path, out: Path, track: str, sets: tuple[str, ...]) -> None:
-    """Write a SkyRL 0.4 launch (GPU machines only; SkyRL needs Python >= 3.12 and CUDA)."""
-    from .rl import load_recipe, write_launch
+def rl_skyrl(recipe: str, data: Path, out: Path, track: str | None, context: int | None, sets: tuple[str, ...]) -> None:
+    """Write a SkyRL 0.4 launch for GPU machines (SkyRL's own environment: Python 3.12, CUDA 13), after
+    checking the recipe, the dataset and the lengths. The launch says how to install and run it."""
+    from .rl import write_launch
 
     extra = {}
     for item in sets:
@@ -1216,10 +1220,10 @@ def rl_skyrl(recipe: str, data: Path, out: Path, track: str, sets: tuple[str, ..
             raise click.ClickException(f"--set {item!r}: expected key=value")
         extra[key] = value
     try:
-        script = write_launch(load_recipe(recipe), data.resolve(), out, extra, track=track)
+        script = write_launch(recipe, data, out, extra, track=track, context=context)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"wrote {script} (run it on a GPU machine with skyrl[fsdp]==0.4.0 and fhirgym installed)")
+    click.echo(f"wrote {script}: run it in SkyRL 0.4's environment on a GPU machine (its header says how)")
 
 
 if __name__ == "__main__":
