@@ -1110,14 +1110,22 @@ def _rl_common(fn):
 @click.option("--resume", is_flag=True, help="Go on from the last checkpoint in --out.")
 @click.option("--time-limit", type=float, default=None,
               help="Minutes of training: stop at the first rollout-batch boundary past it (then save as usual).")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="cuda: train on the GPU with bf16 mixed precision (not yet run on a GPU; docs/RL.md).")
+@click.option("--use-vllm", is_flag=True, help="Generate with vLLM (--device cuda; --model a HF id or directory).")
+@click.option("--vllm-mode", type=click.Choice(["colocate", "server"]), default="colocate", show_default=True,
+              help="colocate: vLLM in this process on the training GPU; server: a running `trl vllm-serve`.")
+@click.option("--vllm-server-url", default=None, help="The `trl vllm-serve` endpoint  [default: TRL's, localhost:8000]")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
 def rl_train(recipe: str, model: str, track: str, selector: str, per_family: int, config: str, example: bool,
              max_turns: int | None, max_new_tokens: int | None, world_seed: int, patients: int,
              qa_per_template: int, qa_seed: int, threads: int | None, dtype: str, steps: int, group_size: int | None, prompts_per_batch: int,
              updates_per_batch: int | None, lr: float | None, lora_r: int, save_steps: int, seed: int, resume: bool,
-             time_limit: float | None, out: Path) -> None:
-    """GRPO with LoRA on the CPU (TRL's GRPOTrainer; needs `pip install 'fhirgym[rl]'`). Writes checkpoints,
-    curve.jsonl and curve.png as it goes, then final/ (the LoRA adapter) and summary.json."""
+             time_limit: float | None, device: str, use_vllm: bool, vllm_mode: str, vllm_server_url: str | None,
+             out: Path) -> None:
+    """GRPO with LoRA (TRL's GRPOTrainer; needs `pip install 'fhirgym[rl]'`, and vLLM for --use-vllm) on the
+    CPU or a GPU. Writes checkpoints, curve.jsonl and curve.png as it goes, then final/ (the LoRA adapter)
+    and summary.json."""
     try:
         import trl  # noqa: F401
 
@@ -1129,11 +1137,14 @@ def rl_train(recipe: str, model: str, track: str, selector: str, per_family: int
                      world=world, qa=qa, config=config, example=example, max_steps=steps, group_size=group_size,
                      prompts_per_batch=prompts_per_batch, updates_per_batch=updates_per_batch, max_turns=max_turns,
                      max_new_tokens=max_new_tokens, lr=lr, lora_r=lora_r, save_steps=save_steps, seed=seed,
-                     resume=resume, threads=threads, time_limit_min=time_limit, dtype=dtype)
+                     resume=resume, threads=threads, time_limit_min=time_limit, dtype=dtype, device=device,
+                     use_vllm=use_vllm, vllm_mode=vllm_mode, vllm_server_url=vllm_server_url)
     try:
         summary = train(spec)
     except (ValueError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from None
+    except ImportError as exc:  # e.g. vLLM, which TRL imports only when asked to generate with it
+        raise click.ClickException(f"rl train: {exc}") from None
     click.echo(json.dumps(summary, indent=1))
 
 
@@ -1224,12 +1235,16 @@ def rl_export(checkpoint: Path, out: Path, adapter: bool, hf: bool) -> None:
 @click.option("--data", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Directory with train.parquet and valid.parquet (fhirgym rl dataset).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
-@click.option("--track", type=click.Choice(["action", "qa"]), default="action", show_default=True,
-              help="Which environment class the rows name (fhirgym-action or fhirgym-qa).")
+@click.option("--track", type=click.Choice(["action", "qa"]), default=None,
+              help="The rows' track (fhirgym-action or fhirgym-qa); checked against the data  [default: the data's]")
+@click.option("--context", type=int, default=None,
+              help="The model's context length in tokens, which caps the conversation (generator.max_input_length "
+                   "= context - max_generate_length)  [default: Qwen3-8B's 40960; needed for another model]")
 @click.option("--set", "sets", multiple=True, help="Extra SkyRL override key=value (repeatable).")
-def rl_skyrl(recipe: str, data: Path, out: Path, track: str, sets: tuple[str, ...]) -> None:
-    """Write a SkyRL 0.4 launch (GPU machines only; SkyRL needs Python >= 3.12 and CUDA)."""
-    from .rl import load_recipe, write_launch
+def rl_skyrl(recipe: str, data: Path, out: Path, track: str | None, context: int | None, sets: tuple[str, ...]) -> None:
+    """Write a SkyRL 0.4 launch for GPU machines (SkyRL's own environment: Python 3.12, CUDA 13), after
+    checking the recipe, the dataset and the lengths. The launch says how to install and run it."""
+    from .rl import write_launch
 
     extra = {}
     for item in sets:
@@ -1238,10 +1253,10 @@ def rl_skyrl(recipe: str, data: Path, out: Path, track: str, sets: tuple[str, ..
             raise click.ClickException(f"--set {item!r}: expected key=value")
         extra[key] = value
     try:
-        script = write_launch(load_recipe(recipe), data.resolve(), out, extra, track=track)
+        script = write_launch(recipe, data, out, extra, track=track, context=context)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"wrote {script} (run it on a GPU machine with skyrl[fsdp]==0.4.0 and fhirgym installed)")
+    click.echo(f"wrote {script}: run it in SkyRL 0.4's environment on a GPU machine (its header says how)")
 
 
 if __name__ == "__main__":

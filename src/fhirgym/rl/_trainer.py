@@ -1,4 +1,5 @@
-"""The CPU trainer: TRL's ``GRPOTrainer`` (pinned 1.16.0) with LoRA over fhirgym episodes.
+"""The trainer: TRL's ``GRPOTrainer`` (pinned 1.16.0) with LoRA over fhirgym episodes, on the CPU or on a
+GPU (:func:`device_args`: bf16 mixed precision, generation by transformers or vLLM).
 
 ``train(TrainSpec(...))`` builds the dataset rows of a track, gives TRL the episode as its
 ``environment_factory`` (the tools are its methods; the reward is :meth:`TextEpisode` 's, handed over by
@@ -184,10 +185,46 @@ class TrainSpec:
     resume: bool = False
     threads: int | None = None
     time_limit_min: float | None = None  # stop at the first rollout-batch boundary past this wall time
+    device: str = "cpu"  # DEVICES; see device_args
+    use_vllm: bool = False  # generate with vLLM (cuda only)
+    vllm_mode: str = "colocate"  # VLLM_MODES
+    vllm_server_url: str | None = None  # server mode: the `trl vllm-serve` endpoint (default: TRL's localhost:8000)
+
+
+DEVICES = ("cpu", "cuda")
+VLLM_MODES = ("colocate", "server")
+
+
+def device_args(spec: TrainSpec) -> dict[str, Any]:
+    """The ``trl.GRPOConfig`` keyword arguments that say where training and generation run, all in this one place.
+
+    ``cpu``: TRL's CPU mode, no mixed precision (``--dtype bfloat16`` makes the weights bfloat16 instead).
+    ``cuda``: the GPU with bf16 mixed precision (Ampere or newer), generation by transformers unless
+    ``use_vllm``: vLLM in this process sharing the GPU (``colocate``) or a ``trl vllm-serve`` server
+    (``server``). vLLM loads the policy by its Hugging Face name or directory, so not from a GGUF."""
+    if spec.device not in DEVICES:
+        raise ValueError(f"device {spec.device!r}: one of {', '.join(DEVICES)}")
+    if spec.vllm_mode not in VLLM_MODES:
+        raise ValueError(f"vllm_mode {spec.vllm_mode!r}: one of {', '.join(VLLM_MODES)}")
+    if spec.device == "cpu":
+        if spec.use_vllm or spec.vllm_server_url:
+            raise ValueError("vLLM generates on GPUs: use it with --device cuda")
+        return {"use_cpu": True, "bf16": False, "fp16": False, "use_vllm": False}
+    out: dict[str, Any] = {"use_cpu": False, "bf16": True, "fp16": False, "use_vllm": spec.use_vllm}
+    if spec.vllm_server_url and not (spec.use_vllm and spec.vllm_mode == "server"):
+        raise ValueError("a vLLM server URL needs --use-vllm --vllm-mode server")
+    if spec.use_vllm:
+        if spec.model in LOCAL_MODELS or spec.model.endswith(".gguf"):
+            raise ValueError(f"vLLM loads the policy by its Hugging Face name or directory, not the GGUF {spec.model!r}: "
+                             "give --model a hub id (e.g. Qwen/Qwen2.5-Coder-0.5B-Instruct) or a model directory")
+        out["vllm_mode"] = spec.vllm_mode
+        if spec.vllm_server_url:
+            out["vllm_server_base_url"] = spec.vllm_server_url
+    return out
 
 
 def grpo_args(spec: TrainSpec) -> dict[str, Any]:
-    """``trl.GRPOConfig`` keyword arguments: the recipe's, sized for this run, on the CPU."""
+    """``trl.GRPOConfig`` keyword arguments: the recipe's, sized for this run, on the spec's device."""
     recipe = load_recipe(spec.recipe)
     args = trl_args(recipe)
     group = spec.group_size or recipe.group_size
@@ -203,7 +240,8 @@ def grpo_args(spec: TrainSpec) -> dict[str, Any]:
         args["max_completion_length"] = spec.max_new_tokens
     if spec.lr:
         args["learning_rate"] = spec.lr
-    args.update(output_dir=str(spec.out), use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
+    args.update(device_args(spec))
+    args.update(output_dir=str(spec.out), gradient_checkpointing=False,
                 max_steps=spec.max_steps, logging_steps=1, save_steps=spec.save_steps, save_strategy="steps",
                 report_to="none", seed=spec.seed, data_seed=spec.seed, disable_tqdm=False, dataloader_num_workers=0,
                 remove_unused_columns=False, log_completions=False, num_train_epochs=1)
@@ -308,6 +346,7 @@ def build_trainer(spec: TrainSpec, model: Any = None, tokenizer: Any = None) -> 
     from peft import LoraConfig
     from trl import GRPOConfig, GRPOTrainer
 
+    device_args(spec)  # a device or vLLM choice that cannot work fails before the data and the model load
     if spec.threads:
         torch.set_num_threads(spec.threads)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
