@@ -12,6 +12,7 @@ Usage: ``python bench/bench_sft.py [--per-family 2] [--steps 4] [--dtype auto] [
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 import time
@@ -53,6 +54,12 @@ def main() -> None:
               f"included in {wall:.0f} s): {summary['wall_s'] / seen:.1f} s per trajectory = "
               f"{summary['trajectories_per_min']:.2f} trajectories/min, {summary['tokens_per_s']:.0f} tokens/s "
               f"({trained * seen / summary['wall_s']:.0f} trained tokens/s); mean {mean:.0f} tokens")
+        walls = [json.loads(x)["wall_s"] for x in (Path(tmp) / "run" / "curve.jsonl").read_text().splitlines()
+                 if '"loss"' in x]
+        if len(walls) > 1:  # the first step pays the kernels' warm-up: steady state from the second on
+            per = (walls[-1] - walls[0]) / ((len(walls) - 1) * args.grad_accum)
+            print(f"  after the first step: {per:.1f} s per trajectory = {60 / per:.2f} trajectories/min, "
+                  f"{mean / per:.0f} tokens/s ({trained / per:.0f} trained tokens/s)")
         print(f"load average {os.getloadavg()[0]:.2f}")
 
 
