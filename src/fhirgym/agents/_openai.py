@@ -38,6 +38,12 @@ OPENAI_URL = "https://api.openai.com/v1"
 #: OpenAI, vLLM, llama.cpp's server; ``grammar``: our GBNF turn grammar in llama.cpp server's ``grammar``
 #: field; ``structured_outputs``: the same grammar as vLLM's ``structured_outputs.grammar``.
 CONSTRAIN_MODES = ("tool_choice", "grammar", "structured_outputs")
+#: How each mode holds a ``chat(json_schema=...)`` reply to its schema: ``response_format`` (a strict
+#: ``json_schema``: OpenAI, vLLM and llama.cpp's server take it), the schema's GBNF in llama.cpp server's
+#: ``grammar`` field, or vLLM's ``structured_outputs.json``.
+SCHEMA_MODES = {"tool_choice": "response_format", "grammar": "grammar", "structured_outputs": "structured_outputs"}
+#: Keywords OpenAI's strict schemas refuse; the reply is checked against them by the caller instead
+_NOT_STRICT = frozenset({"minLength", "maxLength"})
 _MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id"}
 _SHARED: dict[int, PooledTransport] = {}
 
@@ -56,8 +62,11 @@ class OpenAIBackend:
     the key defaults to ``"none"``. ``transport`` (see ``_http.py``) replaces the pooled HTTP transport,
     which is how tests plug in a scripted endpoint. ``max_attempts`` and ``retry_budget`` (seconds spent
     waiting between attempts of one call) bound the retries. ``constrain`` (off by default; else from
-    ``FHIRGYM_CONSTRAIN``) is one of :data:`CONSTRAIN_MODES`. ``cooperative``: it lets other episodes'
-    harness work run while it waits (``fhirgym/_gate.py``).
+    ``FHIRGYM_CONSTRAIN``) is one of :data:`CONSTRAIN_MODES`; it also decides how ``chat(json_schema=...)``
+    is held to the schema (:data:`SCHEMA_MODES`, the ``structured_output`` attribute); without it the
+    schema is not sent (``structured_output`` None) and the caller, which asked for the JSON in its
+    prompt, checks the reply. ``cooperative``: it lets other episodes' harness work run while it waits
+    (``fhirgym/_gate.py``).
     """
 
     cooperative = True
@@ -83,6 +92,7 @@ class OpenAIBackend:
         if constrain is not None and constrain not in CONSTRAIN_MODES:
             raise ValueError(f"constrain={constrain!r}: use one of {', '.join(CONSTRAIN_MODES)}")
         self.constrain = constrain
+        self.structured_output = SCHEMA_MODES.get(constrain) if constrain else None
 
         self.model = model
         self.name = f"{'openai-compatible' if compatible else 'openai'}/{model}"
@@ -126,7 +136,10 @@ class OpenAIBackend:
         max_tokens: int = 1024,
         seed: int | None = None,
         answer_schema: dict | None = None,
+        json_schema: dict | None = None,
     ) -> ChatResult:
+        if json_schema is not None and tools:
+            raise ValueError("json_schema= holds the whole reply to a schema: it takes no tools")
         kwargs: dict[str, Any] = {
             "model": self.model,
             "messages": [_to_openai_message(m) for m in messages],
@@ -140,6 +153,8 @@ class OpenAIBackend:
         extra = self.extra_body
         if self.constrain and tools:
             extra = self._constrain(kwargs, messages, tools, answer_schema)
+        if self.constrain and json_schema is not None:
+            extra = self._hold_to(kwargs, json_schema)
         if extra:
             kwargs.update(extra)
         payload, attempts = self._create(kwargs)
@@ -158,6 +173,21 @@ class OpenAIBackend:
             return self.extra_body
         grammar = turn_grammar(tools, answer_schema, allow_answer=looked, ids=seen_ids(messages))
         field = {"grammar": grammar} if self.constrain == "grammar" else {"structured_outputs": {"grammar": grammar}}
+        return {**(self.extra_body or {}), **field}
+
+    def _hold_to(self, kwargs: dict[str, Any], schema: dict) -> dict[str, Any] | None:
+        """Hold the reply to the JSON ``schema`` by this endpoint's means (:data:`SCHEMA_MODES`); returns the
+        request's extra fields."""
+        if self.constrain == "tool_choice":
+            kwargs["response_format"] = {"type": "json_schema",
+                                         "json_schema": {"name": "reply", "strict": True, "schema": _strict(schema)}}
+            return self.extra_body
+        if self.constrain == "grammar":
+            from llama_cpp.llama_grammar import json_schema_to_gbnf  # loads llama.cpp: only when asked
+
+            field: dict[str, Any] = {"grammar": json_schema_to_gbnf(json.dumps(schema))}
+        else:
+            field = {"structured_outputs": {"json": schema}}
         return {**(self.extra_body or {}), **field}
 
     def _create(self, kwargs: dict[str, Any]) -> tuple[dict, int]:
@@ -269,6 +299,16 @@ def _to_openai_message(message: dict) -> dict:
         if not isinstance(out.get("content"), str):
             out["content"] = json.dumps(out.get("content"), ensure_ascii=False)
     return out
+
+
+def _strict(schema: Any) -> Any:
+    """``schema`` without the keywords OpenAI's strict mode refuses (:data:`_NOT_STRICT`)."""
+    if isinstance(schema, dict):
+        return {k: ({n: _strict(s) for n, s in v.items()} if k == "properties" and isinstance(v, dict) else _strict(v))
+                for k, v in schema.items() if k not in _NOT_STRICT}
+    if isinstance(schema, list):
+        return [_strict(v) for v in schema]
+    return schema
 
 
 def _decode_args(raw: Any) -> dict[str, Any]:

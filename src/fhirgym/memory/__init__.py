@@ -9,7 +9,15 @@ agents (tools or prompt), the memory configurations of Table 1, and the experime
 from ._deid import deidentify, sensitive_values
 from ._embed import EMBEDDERS, Embedder, get_embedder
 from ._experiment import CONFIGS, ExperimentError, Plan, load_plan, run_experiment, write_experiment_report
-from ._reflect import Malformed, evaluate, reflect, run_digest
+from ._reflect import (
+    CRITIQUE_SCHEMA,
+    Malformed,
+    evaluate,
+    lesson_problem,
+    lessons_schema,
+    reflect,
+    run_digest,
+)
 from ._serve import MEMORY_CONFIGS, MODES, bind, bound_config, prompt_block
 from ._settings import SETTINGS, SettingError, SettingPlan, heldout_split, plan_setting
 from ._show import describe
@@ -18,6 +26,7 @@ from ._train import TrainSpec, train_memory
 
 __all__ = [
     "CONFIGS",
+    "CRITIQUE_SCHEMA",
     "EMBEDDERS",
     "MEMORY_CONFIGS",
     "MODES",
@@ -39,6 +48,8 @@ __all__ = [
     "evaluate",
     "get_embedder",
     "heldout_split",
+    "lesson_problem",
+    "lessons_schema",
     "load_plan",
     "open_frozen",
     "plan_setting",

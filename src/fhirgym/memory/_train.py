@@ -6,8 +6,10 @@ de-identified against that instance and stored (near-duplicates merged). Trial 2
 lessons trial 1 produced (and what else the memory retrieves for it) in its system prompt. Every run and
 every skipped reflection is logged in ``MEMDIR/training.jsonl``, its critique and any quoted reply
 de-identified like the lessons (the directory is what a user shares or serves: it holds no value of a
-training instance); ``MEMDIR/training.json`` sums the cost (episodes, tokens, minutes). The store is
-frozen at the end.
+training instance), and so is every lesson the content check rejected, with its reason;
+``MEMDIR/training.json`` sums the cost (episodes, tokens, calls and seconds of the actor, the evaluator and
+the reflector) and the reflections' quality (malformed replies, lessons kept and rejected, how the replies
+were held to their schema). The store is frozen at the end.
 
 With ``parallel`` > 1 or ``ray``, the actor's episodes run in an episode pool (threads here, or a Ray
 cluster's workers): every variation's first trial depends on no lesson, so those all run ahead; the
@@ -18,6 +20,7 @@ the memory is the same.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -32,7 +35,7 @@ from ..runner import EpisodeKey, EvalError, Recipe, RunError, episode_pool, run_
 from ..tasks import Instance, TaskWorld, make_instance, offline_paraphrase, render, select
 from ..tools import FHIR_TOOLS
 from ._deid import deidentify, deidentify_all, sensitive_values
-from ._reflect import Malformed, Usage, evaluate, prompts_digest, reflect, run_digest
+from ._reflect import Malformed, Usage, evaluate, prompts_digest, reflect, run_digest, structured_output
 from ._serve import PROMPT_TOKENS, budgeted_block
 from ._store import Lesson, MemoryStore, MemoryStoreError
 
@@ -64,7 +67,9 @@ class TrainSpec:
         out = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()
                if k not in ("out", "parallel", "ray")}
         out.update(evaluator=self.evaluator or self.model, reflector=self.reflector or self.evaluator or self.model,
-                   prompts=prompts_digest())
+                   prompts=prompts_digest(),
+                   # how an OpenAI-compatible evaluator/reflector is held to its schema (local: always a grammar)
+                   constrain=os.environ.get("FHIRGYM_CONSTRAIN") or None)
         return out
 
 
@@ -106,9 +111,10 @@ def train_memory(spec: TrainSpec, world: TaskWorld, *, actor=None, evaluator: Ch
                      else make_backend(models["reflector"], base_url=spec.base_url))
     budget = spec.budget or getattr(getattr(actor, "backend", None), "tool_budget", None)
     done = _done(spec.out)
-    usage = Usage()
+    usage = {"evaluator": Usage(), "reflector": Usage()}
     started = time.perf_counter()
     episodes = actor_tokens = 0
+    actor_seconds = 0.0
     if spec.paraphrase and paraphraser is None:
         raise ValueError("training on paraphrases needs a paraphraser")
     variations = []
@@ -147,8 +153,10 @@ def train_memory(spec: TrainSpec, world: TaskWorld, *, actor=None, evaluator: Ch
                                                    budget=budget, max_iterations=spec.max_iterations)
                 episodes += 1
                 actor_tokens += line["tokens"]["prompt"] + line["tokens"]["completion"]
+                actor_seconds += line["duration_s"]
                 record = {"family": fam.id, "seed": seed, "trial": trial, "outcome": line["status"],
-                          "tokens": line["tokens"], "saw_lessons": bool(mine),
+                          "tokens": line["tokens"], "iterations": line.get("iterations"),
+                          "seconds": line["duration_s"], "saw_lessons": bool(mine),
                           "time": datetime.now(UTC).isoformat(timespec="seconds")}
                 if line["status"] != "error":
                     record.update(_reflect_one(store, transcript, record, models, secrets, evaluator, reflector,
@@ -159,10 +167,14 @@ def train_memory(spec: TrainSpec, world: TaskWorld, *, actor=None, evaluator: Ch
                 if line["status"] == "pass":
                     break
     prior = _summary(spec.out)
+    roles = {role: {k: v + prior.get(role, {}).get(k, 0) for k, v in u.as_dict().items()} for role, u in usage.items()}
     summary = {"inputs": spec.inputs(), "episodes": prior.get("episodes", 0) + episodes,
                "actor_tokens": prior.get("actor_tokens", 0) + actor_tokens,
-               "reflection_tokens": prior.get("reflection_tokens", 0) + usage.prompt + usage.completion,
-               "reflection_calls": prior.get("reflection_calls", 0) + usage.calls,
+               "actor_seconds": round(prior.get("actor_seconds", 0) + actor_seconds, 3),
+               "reflection_tokens": sum(r["prompt_tokens"] + r["completion_tokens"] for r in roles.values()),
+               "reflection_calls": sum(r["calls"] for r in roles.values()), **roles,
+               "structured": {"evaluator": structured_output(evaluator), "reflector": structured_output(reflector)},
+               "reflections": _quality(spec.out),
                "minutes": round(prior.get("minutes", 0) + (time.perf_counter() - started) / 60, 3)}
     (spec.out / SUMMARY).write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     store.freeze()
@@ -194,20 +206,23 @@ def _actor_pool(spec: TrainSpec, world: TaskWorld, actor, budget: int | None, pa
 
 
 def _reflect_one(store: MemoryStore, transcript: dict, record: dict, models: dict, secrets: dict[str, str],
-                 evaluator: ChatBackend, reflector: ChatBackend, usage: Usage, with_specs: bool, category: str,
-                 mine: list[Lesson]) -> dict:
+                 evaluator: ChatBackend, reflector: ChatBackend, usage: dict[str, Usage], with_specs: bool,
+                 category: str, mine: list[Lesson]) -> dict:
     """Critique and reflect on one run; what it returns joins the training log, de-identified."""
     digest = run_digest(transcript)
     try:
-        critique = evaluate(evaluator, digest, usage)
+        critique = evaluate(evaluator, digest, usage["evaluator"])
     except Malformed as exc:
-        return {"skipped": {"stage": "evaluator", "reason": deidentify(str(exc), secrets)}}
+        return {"skipped": {"stage": "evaluator", "reason": deidentify(str(exc), secrets),
+                            "structured": structured_output(evaluator)}}
     try:
-        lessons = reflect(reflector, digest, critique, usage, with_specs)
+        lessons = reflect(reflector, digest, critique, usage["reflector"], with_specs)
     except Malformed as exc:
-        return deidentify_all({"critique": critique, "skipped": {"stage": "reflector", "reason": str(exc)}}, secrets)
+        return deidentify_all({"critique": critique, "skipped": {"stage": "reflector", "reason": str(exc),
+                                                                 "structured": structured_output(reflector)}}, secrets)
     provenance = {k: record[k] for k in ("family", "seed", "trial", "outcome", "time")} | {"models": models}
-    made = [Lesson("macro", deidentify(lessons["macro"], secrets), category=category, provenance=[provenance])]
+    made = [Lesson("macro", deidentify(lessons["macro"], secrets), category=category, provenance=[provenance])
+            ] if lessons["macro"] else []
     made += [Lesson("micro", deidentify(t["tip"], secrets), t["resource_type"], t["operation"], category=category,
                     spec_paths=t["spec_paths"], provenance=[provenance]) for t in lessons["micro"]]
     merged = 0
@@ -215,8 +230,36 @@ def _reflect_one(store: MemoryStore, transcript: dict, record: dict, models: dic
         stored, was_merged = store.add(lesson)
         merged += was_merged
         mine.append(stored)
-    return {"critique": deidentify_all(critique, secrets), "lessons": len(made), "merged": merged,
-            "spec_calls": len(lessons.get("consulted", []))}
+    out = {"critique": deidentify_all(critique, secrets), "lessons": len(made), "merged": merged,
+           "spec_calls": len(lessons.get("consulted", []))}
+    if lessons["rejected"]:
+        out["rejected"] = deidentify_all(lessons["rejected"], secrets)
+    return out
+
+
+def _quality(out: Path) -> dict:
+    """The reflections of the whole log (a resumed training included): runs reflected on, malformed replies
+    by stage, lessons stored and lessons the content check rejected, by reason."""
+    runs = malformed_eval = malformed_refl = kept = 0
+    reasons: dict[str, int] = {}
+    path = out / LOG
+    for line in path.read_bytes().splitlines() if path.exists() else []:
+        try:
+            r = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if r.get("outcome") == "error":
+            continue
+        runs += 1
+        stage = (r.get("skipped") or {}).get("stage")
+        malformed_eval += stage == "evaluator"
+        malformed_refl += stage == "reflector"
+        kept += r.get("lessons", 0)
+        for x in r.get("rejected", []):
+            reason = x["reason"].split(":")[0]
+            reasons[reason] = reasons.get(reason, 0) + 1
+    return {"runs": runs, "malformed": {"evaluator": malformed_eval, "reflector": malformed_refl},
+            "lessons": kept, "rejected": sum(reasons.values()), "rejected_by_reason": reasons}
 
 
 def _log(out: Path, record: dict) -> None:
