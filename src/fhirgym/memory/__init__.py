@@ -8,7 +8,16 @@ agents (tools or prompt), the memory configurations of Table 1, and the experime
 
 from ._deid import deidentify, sensitive_values
 from ._embed import EMBEDDERS, Embedder, get_embedder
-from ._experiment import CONFIGS, ExperimentError, Plan, load_plan, run_experiment, write_experiment_report
+from ._estimate import MEASURED, STATED, EstimateError, Figures, FigureTable, load_prices, measured_figures
+from ._experiment import (
+    CONFIGS,
+    ExperimentError,
+    Plan,
+    estimate,
+    load_plan,
+    run_experiment,
+    write_experiment_report,
+)
 from ._reflect import (
     CRITIQUE_SCHEMA,
     Malformed,
@@ -28,11 +37,16 @@ __all__ = [
     "CONFIGS",
     "CRITIQUE_SCHEMA",
     "EMBEDDERS",
+    "MEASURED",
     "MEMORY_CONFIGS",
     "MODES",
     "SETTINGS",
+    "STATED",
     "Embedder",
+    "EstimateError",
     "ExperimentError",
+    "FigureTable",
+    "Figures",
     "Lesson",
     "Malformed",
     "MemoryStore",
@@ -45,12 +59,15 @@ __all__ = [
     "bound_config",
     "deidentify",
     "describe",
+    "estimate",
     "evaluate",
     "get_embedder",
     "heldout_split",
     "lesson_problem",
     "lessons_schema",
     "load_plan",
+    "load_prices",
+    "measured_figures",
     "open_frozen",
     "plan_setting",
     "prompt_block",
