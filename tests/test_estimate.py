@@ -186,6 +186,19 @@ def world(small_world_path):
     return TaskWorld.open(small_world_path)
 
 
+def test_the_cpu_plan_detects_15_points_in_unseen_and_held_out(world):
+    """The sizing of plans/cpu.toml: under its stated base rate (the 0.5B's measured 3.1 %) and independent
+    pairs, each baseline-vs-memory comparison has an MDE of at most 15 points, over distinct task instances
+    none of which is a training instance (drawn in the default world it runs on)."""
+    plan = load_plan(ROOT / "plans" / "cpu.toml")
+    est = estimate(plan, world=world)
+    assert est["assumptions"]["base_rate"] == 0.031 and est["assumptions"]["correlation"] == 0
+    compared = {c["setting"]: c for c in est["comparisons"] if c["config"] == "memory"}
+    assert set(compared) == {"unseen", "held-out"}
+    for c in compared.values():
+        assert c["mde"] <= 15.0 and c["distinct"] == c["pairs"] and c["seen_in_training"] == 0 and c["mde_distinct"] is None
+
+
 def test_a_plan_with_a_bad_base_rate_is_refused(tmp_path):
     (tmp_path / "p.toml").write_text('models = ["x"]\nbase_rate = 1.5\n')
     with pytest.raises(ExperimentError, match="base_rate"):
