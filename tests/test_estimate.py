@@ -124,7 +124,7 @@ def test_the_dry_run_arithmetic_on_a_hand_made_plan(tmp_path):
     assert mem["runs"] == 4 and mem["calls"] == 4 * (2 + 1 + 1)
     assert (mem["prompt_tokens"], mem["completion_tokens"]) == (4 * 1200, 4 * 120)
     assert mem["cost"] == pytest.approx(4 * ((500 * 2 + 50 * 10) + (300 * 1 + 30 * 4) + (400 * 1 + 40 * 4)) / 1e6, abs=0.005)
-    assert mem["minutes"] == round(4 * 17 / 60, 1)  # training runs one after another
+    assert mem["minutes"] == round((4 * 10 / 4 + 4 * 3 + 4 * 4) / 60, 1)  # actor 4 at a time, reflections in order
     total = est["total"]
     assert total["training_runs"] == 8 and total["evaluation_episodes"] == 32
     assert total["calls"] == sum(c["calls"] for c in est["cells"]) + sum(m["calls"] for m in est["memories"])

@@ -320,8 +320,10 @@ def estimate_plan(plan, settings: dict[str, SettingPlan], *, figures: FigureTabl
                 bill = _Bill()
                 used = [figures.training_actor(model), figures.reflection(evaluator, "evaluator", False),
                         figures.reflection(reflector, "reflector", with_specs)]
-                for who, f in zip((model, evaluator, reflector), used, strict=True):
-                    bill.add(who, runs, f, prices)
+                # the actor's episodes run `parallel` at a time (the first trials ahead); reflections in order
+                for who, f, at_once in zip((model, evaluator, reflector), used,
+                                           (_parallel(model, plan.parallel), 1, 1), strict=True):
+                    bill.add(who, runs, f, prices, at_once)
                 total.add_bill(bill)
                 runs_total += runs
                 trained[key] = {"model": model, "setting": setting, "with_specs": with_specs, "runs": runs,
