@@ -1042,8 +1042,8 @@ def rl_trajectories(track: str, split: str, selector: str, per_family: int, mode
 
 
 @rl_group.command("sft")
-@click.option("--data", type=click.Path(file_okay=False, exists=True, path_type=Path), required=True,
-              help="A directory written by `fhirgym rl trajectories`.")
+@click.option("--data", type=click.Path(file_okay=False, exists=True, path_type=Path), required=True, multiple=True,
+              help="A directory written by `fhirgym rl trajectories` (repeatable: e.g. an action and a QA set).")
 @click.option("--valid", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
               help="Trajectories of the valid split, for a held-out loss each epoch.")
 @click.option("--model", default="qwen2.5-coder-0.5b", show_default=True,
@@ -1061,7 +1061,7 @@ def rl_trajectories(track: str, split: str, selector: str, per_family: int, mode
 @click.option("--resume", is_flag=True, help="Go on from the last checkpoint in --out.")
 @click.option("--time-limit", type=float, default=None, help="Minutes of training, then save as usual.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
-def rl_sft(data: Path, valid: Path | None, model: str, epochs: float, steps: int, lr: float, lora_r: int,
+def rl_sft(data: tuple[Path, ...], valid: Path | None, model: str, epochs: float, steps: int, lr: float, lora_r: int,
            grad_accum: int, dtype: str, save_steps: int, seed: int, threads: int | None, resume: bool,
            time_limit: float | None, out: Path) -> None:
     """Behaviour cloning: TRL's SFTTrainer with LoRA on expert trajectories, the loss on the model's own
@@ -1073,7 +1073,7 @@ def rl_sft(data: Path, valid: Path | None, model: str, epochs: float, steps: int
         from .rl import SftSpec, sft
     except ImportError as exc:
         raise click.ClickException(f"rl sft needs the rl extra: pip install 'fhirgym[rl]' ({exc})") from None
-    spec = SftSpec(out=out, data=data, valid=valid, model=model, epochs=epochs, max_steps=steps, lr=lr,
+    spec = SftSpec(out=out, data=list(data), valid=valid, model=model, epochs=epochs, max_steps=steps, lr=lr,
                    lora_r=lora_r, grad_accum=grad_accum, dtype=dtype, save_steps=save_steps, seed=seed,
                    threads=threads, resume=resume, time_limit_min=time_limit, command=" ".join(sys.argv))
     try:
