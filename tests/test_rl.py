@@ -1,5 +1,5 @@
 """RL over the episode seam: the text episode, its three adapters (same transcript, same reward), rewards,
-datasets in SkyRL's layout, recipes mapped to TRL and SkyRL, and the SkyRL launch."""
+datasets in SkyRL's layout, recipes mapped to TRL and SkyRL (the SkyRL launch: tests/test_rl_skyrl.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from fhirgym.rl import (
     TextEpisode,
     dataset_rows,
     instance_for,
-    launch_overrides,
     load_recipe,
     recipe_names,
     skyrl_env_class,
@@ -26,7 +25,6 @@ from fhirgym.rl import (
     trl_args,
     trl_environment,
     trl_reward,
-    write_launch,
     write_rows,
 )
 from fhirgym.tasks import TaskWorld
@@ -262,22 +260,6 @@ def test_trl_environment_exposes_the_tools_as_documented_methods():
     assert {"reset", "createResource"} <= set(dir(cls))
     public = {n for n in dir(cls) if not n.startswith("_") and callable(getattr(cls, n))}
     assert public - {"reset"} == {t.name for t in get_config("baseline").tools}  # TRL shows each one as a tool
-
-
-def test_the_skyrl_launch_is_complete_and_parses(tmp_path):
-    recipe = load_recipe("clip-higher+dynamic")
-    script = write_launch(recipe, tmp_path / "data", tmp_path / "launch", {"trainer.epochs": "2"})
-    text = script.read_text()
-    assert text.startswith("#!/usr/bin/env bash") and "python -m fhirgym.rl.skyrl_main" in text
-    overrides = launch_overrides(recipe, tmp_path / "data", {"trainer.epochs": "2"})
-    assert overrides["trainer.epochs"] == "2" and overrides["trainer.policy.model.path"] == "Qwen/Qwen3-8B"
-    assert overrides["trainer.algorithm.eps_clip_high"] == "0.28" and overrides["environment.env_class"] == "fhirgym-action"
-    from omegaconf import OmegaConf  # what SkyRL's from_cli_overrides parses the arguments with
-
-    parsed = OmegaConf.from_dotlist([f"{k}={v}" for k, v in overrides.items()])
-    assert parsed.trainer.algorithm.dynamic_sampling.type == "filter"
-    assert parsed.generator.n_samples_per_prompt == 8 and next(iter(parsed.data.train_data)).endswith("train.parquet")
-    assert launch_overrides(recipe, tmp_path / "data", track="qa")["environment.env_class"] == "fhirgym-qa"
 
 
 def test_skyrl_env_class_is_a_base_text_env():

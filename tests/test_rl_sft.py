@@ -162,8 +162,8 @@ def test_tiny_model_learns_the_trajectories_and_its_adapter_runs_on_llama_cpp(wo
     losses = [r["loss"] for r in curve if "loss" in r]
     assert len(losses) == 12 and sum(losses[-3:]) < 0.85 * sum(losses[:3]), losses  # a random model: it falls
     record = json.loads((tmp_path / "run" / "final" / "fhirgym_sft.json").read_text())
-    assert record["trajectories"]["selection"]["tasks"] == ",".join(FAMILIES)
-    assert record["trajectories"]["sha256"] == manifest["sha256"] and summary["trajectories"] == 4
+    assert record["trajectories"][0]["selection"]["tasks"] == ",".join(FAMILIES)
+    assert record["trajectories"][0]["sha256"] == manifest["sha256"] and summary["trajectories"] == 4
     assert (tmp_path / "run" / "curve.png").is_file() and (tmp_path / "run" / "checkpoint-10").is_dir()
     adapter = write_lora_gguf(tmp_path / "run" / "final", tmp_path / "tuned.gguf", base_gguf=tiny)
     tuned = LocalBackend(str(tiny), n_ctx=512, n_threads=1, lora=str(adapter), grammar=False)

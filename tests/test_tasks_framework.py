@@ -373,6 +373,11 @@ def test_selectors():
     assert all(f.writes for f in select("writes")) and not any(f.writes for f in select("reads"))
     assert {f.id for f in select("records,-records.find_patient")} == ids - {"records.find_patient"}
     assert all(f.difficulty == 1 for f in select("d1"))
+    from fhirgym.tasks import heldout_split
+
+    split = heldout_split()
+    assert [f.id for f in select("split:train")] == sorted(split["train"], key=[f.id for f in select("all")].index)
+    assert {f.id for f in select("split:eval,-scheduling.*")} == {i for i in split["eval"] if not i.startswith("scheduling.")}
     with pytest.raises(KeyError):
         select("nonexistent.task")
 

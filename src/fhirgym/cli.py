@@ -431,6 +431,15 @@ def _seeds(value: str) -> list[int]:
         raise click.BadParameter(str(exc), param_hint="--seeds") from None
 
 
+def _ray_option(f):
+    """``--ray [ADDRESS]``: episodes on a Ray cluster (docs/SCALE.md); bare: ray.init()'s own choice."""
+    return click.option(
+        "--ray", "ray_address", is_flag=False, flag_value="", default=None, metavar="[ADDRESS]",
+        help="Run episodes on a Ray cluster (the ray extra): ADDRESS as ray.init takes it (auto, HOST:PORT, "
+             "ray://HOST:PORT); bare --ray connects to the cluster this machine is part of, else starts one here. "
+             "--parallel is then the episodes in flight over the whole cluster.")(f)
+
+
 @main.command("eval")
 @_families_option
 @click.option("--agent", default="react", show_default=True,
@@ -441,7 +450,7 @@ def _seeds(value: str) -> list[int]:
               "openai-compatible/NAME (with --base-url)")
 @click.option("--base-url", default=None, envvar="OPENAI_BASE_URL", help="Endpoint of an OpenAI-compatible server.")
 @click.option("--tasks", "selector", default=None,
-              help="Task selector: ids, globs (scheduling.*), categories, reads/writes, d1-d3, all, default  "
+              help="Task selector: ids, globs (scheduling.*), categories, reads/writes, d1-d3, split:train/split:eval, all, default  "
                    "[default: default]")
 @click.option("--seeds", default="1", show_default=True, help="N (seeds 0..N-1) or a list like 3,5 or 0-4.")
 @click.option("--runs", default=1, show_default=True, help="Repetitions of every instance.")
@@ -479,13 +488,20 @@ def _seeds(value: str) -> list[int]:
 @click.option("--memory-mode", type=click.Choice(["tools", "prompt"]), default="tools", show_default=True,
               help="tools: the agent calls searchMemory/getMemoryTips; prompt: the top lessons go into the system "
                    "prompt under a token budget.")
+@click.option("--max-attempts", type=click.IntRange(min=1), default=None,
+              help="openai/ and openai-compatible/ models: requests per model call at most, retries included "
+                   "(429, 5xx, timeouts)  [default: 8]")
+@click.option("--retry-budget", type=click.FloatRange(min=0), default=None,
+              help="... and seconds of waiting between them per call, Retry-After honoured; then the episode is "
+                   "an infrastructure error  [default: 600]")
+@_ray_option
 @_world_options
 def eval_cmd(agent: str, model: str | None, base_url: str | None, selector: str, seeds: str, runs: int, config: str,
              setting: str, out: Path, parallel: int, resume: bool, max_iterations: int | None,
              budget: int | None, unsafe_python: bool, paraphrases: int, no_report: bool, sealed: bool,
              secret: str | None, track: str, split: str, questions: Path | None, per_template: int,
-             memory_dir: Path | None, memory_mode: str, world_path: Path | None, patients: int,
-             world_seed: int) -> None:
+             memory_dir: Path | None, memory_mode: str, max_attempts: int | None, retry_budget: float | None,
+             ray_address: str | None, world_path: Path | None, patients: int, world_seed: int) -> None:
     """Evaluate an agent on tasks: one isolated store per episode, results.jsonl + transcripts + report."""
     import time
 
@@ -503,7 +519,8 @@ def eval_cmd(agent: str, model: str | None, base_url: str | None, selector: str,
                     runs=runs, config=config, setting=setting, parallel=parallel, resume=resume,
                     max_iterations=max_iterations, budget=budget, unsafe_python=unsafe_python,
                     paraphrases=paraphrases, sealed=sealed, secret=secret, track=track, split=split,
-                    questions=questions, per_template=per_template)
+                    questions=questions, per_template=per_template, ray=ray_address, max_attempts=max_attempts,
+                    retry_budget=retry_budget)
     world = _task_world(world_path, patients, world_seed)
     started = time.perf_counter()
     counts: dict[str, int] = {}
@@ -512,7 +529,7 @@ def eval_cmd(agent: str, model: str | None, base_url: str | None, selector: str,
         click.echo(progress_line(line, finished, total, started, counts), nl=finished == total, err=True)
 
     try:
-        results = run_eval(spec, world, progress)
+        results = run_eval(spec, world, progress, log=lambda m: click.echo(m, err=True))
     except (EvalError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"\n{len(results)} episodes in {out} ({time.perf_counter() - started:.0f} s)")
@@ -828,17 +845,21 @@ def memory_group() -> None:
 @click.option("--paraphrase", default=0, show_default=True,
               help="Train on the K-th paraphrase of each variation (cached LLM one, else a written one).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Memory directory.")
+@click.option("--parallel", default=1, show_default=True,
+              help="Actor episodes at a time: every variation's first trial runs ahead (they need no lesson).")
+@_ray_option
 @_world_options
 def memory_train(selector: str, seeds: str, trials: int, model: str | None, evaluator: str | None,
                  reflector: str | None, with_specs: bool, agent: str, base_url: str | None, embedder: str,
-                 paraphrase: int, out: Path, world_path: Path | None, patients: int, world_seed: int) -> None:
+                 paraphrase: int, out: Path, parallel: int, ray_address: str | None, world_path: Path | None,
+                 patients: int, world_seed: int) -> None:
     """Run the actor on training variations; the evaluator and reflector turn each run into lessons."""
     from .memory import MemoryStoreError, TrainSpec, describe, train_memory
     from .tasks import offline_paraphrase
 
     spec = TrainSpec(out=out, tasks=selector, seeds=_seeds(seeds), trials=trials, model=model, evaluator=evaluator,
                      reflector=reflector, with_specs=with_specs, agent=agent, base_url=base_url, embedder=embedder,
-                     paraphrase=paraphrase)
+                     paraphrase=paraphrase, parallel=parallel, ray=ray_address)
     world = _task_world(world_path, patients, world_seed)
 
     def progress(r: dict) -> None:
@@ -876,23 +897,60 @@ def experiment_group() -> None:
 
 @experiment_group.command("run")
 @click.argument("plan", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), help="Experiment directory (not with --dry-run).")
 @click.option("--parallel", default=None, type=int, help="Episodes at a time (default: the plan's).")
+@click.option("--dry-run", is_flag=True,
+              help="Run nothing: print the episodes, model calls, tokens, cost, wall time and the minimum "
+                   "detectable effect of every paired comparison.")
+@click.option("--prices", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Price table (TOML: [models.\"<model>\"] input/output per million tokens) for the cost figures.")
+@click.option("--base-rate", type=float, default=None,
+              help="Assumed baseline success (0-1) for the power figures (default: the plan's base_rate, else 0.5).")
+@click.option("--measured", multiple=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Experiment or evaluation directory whose measured per-episode figures to use (repeatable).")
+@click.option("--format", "fmt", type=click.Choice(["md", "json"]), default="md", show_default=True,
+              help="Output of --dry-run.")
+@_ray_option
 @_world_options
-def experiment_run(plan: Path, out: Path, parallel: int | None, world_path: Path | None, patients: int,
-                   world_seed: int) -> None:
-    """Train each needed memory once, evaluate every cell (resumable), write the report."""
-    from .memory import ExperimentError, load_plan, run_experiment
+def experiment_run(plan: Path, out: Path | None, parallel: int | None, dry_run: bool, prices: Path | None,
+                   base_rate: float | None, measured: tuple[Path, ...], fmt: str, ray_address: str | None,
+                   world_path: Path | None, patients: int, world_seed: int) -> None:
+    """Train each needed memory once, evaluate every cell (resumable), write the report; or, with --dry-run,
+    only say what that would take and what it could detect (docs/MEMORY.md)."""
+    from .memory import (
+        EstimateError,
+        ExperimentError,
+        FigureTable,
+        estimate,
+        load_plan,
+        load_prices,
+        measured_figures,
+        run_experiment,
+    )
 
+    if not dry_run and out is None:
+        raise click.UsageError("--out DIR is required (except with --dry-run)")
     try:
         exp = load_plan(plan)
-    except ExperimentError as exc:
+        if parallel:
+            exp.parallel = parallel
+        figures = FigureTable(measured_figures(list(measured)) if measured else None)
+        table = load_prices(prices) if prices else None
+    except (ExperimentError, EstimateError) as exc:
         raise click.ClickException(str(exc)) from None
-    if parallel:
-        exp.parallel = parallel
     world = _task_world(world_path, patients, world_seed)
     try:
-        report = run_experiment(exp, out, world, log=lambda m: click.echo(m, err=True))
+        expected = estimate(exp, figures=figures, prices=table, base_rate=base_rate, world=world)
+    except ExperimentError as exc:
+        raise click.ClickException(str(exc)) from None
+    if dry_run:
+        from .analysis import render_estimate
+
+        click.echo(json.dumps(expected, indent=1) if fmt == "json" else render_estimate(expected))
+        return
+    try:
+        report = run_experiment(exp, out, world, log=lambda m: click.echo(m, err=True), ray=ray_address,
+                                expected=expected)
     except ExperimentError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"report: {report}")
@@ -984,8 +1042,8 @@ def rl_trajectories(track: str, split: str, selector: str, per_family: int, mode
 
 
 @rl_group.command("sft")
-@click.option("--data", type=click.Path(file_okay=False, exists=True, path_type=Path), required=True,
-              help="A directory written by `fhirgym rl trajectories`.")
+@click.option("--data", type=click.Path(file_okay=False, exists=True, path_type=Path), required=True, multiple=True,
+              help="A directory written by `fhirgym rl trajectories` (repeatable: e.g. an action and a QA set).")
 @click.option("--valid", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
               help="Trajectories of the valid split, for a held-out loss each epoch.")
 @click.option("--model", default="qwen2.5-coder-0.5b", show_default=True,
@@ -1003,7 +1061,7 @@ def rl_trajectories(track: str, split: str, selector: str, per_family: int, mode
 @click.option("--resume", is_flag=True, help="Go on from the last checkpoint in --out.")
 @click.option("--time-limit", type=float, default=None, help="Minutes of training, then save as usual.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
-def rl_sft(data: Path, valid: Path | None, model: str, epochs: float, steps: int, lr: float, lora_r: int,
+def rl_sft(data: tuple[Path, ...], valid: Path | None, model: str, epochs: float, steps: int, lr: float, lora_r: int,
            grad_accum: int, dtype: str, save_steps: int, seed: int, threads: int | None, resume: bool,
            time_limit: float | None, out: Path) -> None:
     """Behaviour cloning: TRL's SFTTrainer with LoRA on expert trajectories, the loss on the model's own
@@ -1015,7 +1073,7 @@ def rl_sft(data: Path, valid: Path | None, model: str, epochs: float, steps: int
         from .rl import SftSpec, sft
     except ImportError as exc:
         raise click.ClickException(f"rl sft needs the rl extra: pip install 'fhirgym[rl]' ({exc})") from None
-    spec = SftSpec(out=out, data=data, valid=valid, model=model, epochs=epochs, max_steps=steps, lr=lr,
+    spec = SftSpec(out=out, data=list(data), valid=valid, model=model, epochs=epochs, max_steps=steps, lr=lr,
                    lora_r=lora_r, grad_accum=grad_accum, dtype=dtype, save_steps=save_steps, seed=seed,
                    threads=threads, resume=resume, time_limit_min=time_limit, command=" ".join(sys.argv))
     try:
@@ -1098,6 +1156,12 @@ def _rl_common(fn):
               default="token_truncate", show_default=True,
               help="llama.cpp rollouts: TRL's importance-sampling correction of the sampler/trainer mismatch.")
 @click.option("--is-cap", type=float, default=2.0, show_default=True, help="Its cap on the importance weights.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="cuda: train on the GPU with bf16 mixed precision (not yet run on a GPU; docs/RL.md).")
+@click.option("--use-vllm", is_flag=True, help="Generate with vLLM (--device cuda; --model a HF id or directory).")
+@click.option("--vllm-mode", type=click.Choice(["colocate", "server"]), default="colocate", show_default=True,
+              help="colocate: vLLM in this process on the training GPU; server: a running `trl vllm-serve`.")
+@click.option("--vllm-server-url", default=None, help="The `trl vllm-serve` endpoint  [default: TRL's, localhost:8000]")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
 @click.pass_context
 def rl_train(ctx: click.Context, recipe: str, model: str, track: str, selector: str, per_family: int, config: str,
@@ -1105,10 +1169,12 @@ def rl_train(ctx: click.Context, recipe: str, model: str, track: str, selector: 
              qa_per_template: int, qa_seed: int, threads: int | None, dtype: str, steps: int, group_size: int | None,
              prompts_per_batch: int, updates_per_batch: int | None, lr: float | None, lora_r: int, save_steps: int,
              seed: int, resume: bool, time_limit: float | None, curriculum: Path | None, rollouts: str, grammar: bool,
-             is_mode: str, is_cap: float, out: Path) -> None:
-    """GRPO with LoRA on the CPU (TRL's GRPOTrainer; needs `pip install 'fhirgym[rl]'`). Rollouts by llama.cpp
-    on a GGUF base (the current LoRA swapped in before each batch, the sampler mismatch corrected). Writes
-    checkpoints, curve.jsonl/png and rollouts.jsonl as it goes, then final/, behaviour.jsonl and summary.json."""
+             is_mode: str, is_cap: float, device: str, use_vllm: bool, vllm_mode: str, vllm_server_url: str | None,
+             out: Path) -> None:
+    """GRPO with LoRA (TRL's GRPOTrainer; needs `pip install 'fhirgym[rl]'`, and vLLM for --use-vllm) on the
+    CPU or a GPU. On the CPU with a GGUF base llama.cpp generates the rollouts (the current LoRA swapped in
+    before each batch, the sampler mismatch corrected). Writes checkpoints, curve.jsonl/png and rollouts.jsonl
+    as it goes, then final/ (the LoRA adapter), behaviour.jsonl and summary.json."""
     try:
         import trl  # noqa: F401
 
@@ -1127,13 +1193,16 @@ def rl_train(ctx: click.Context, recipe: str, model: str, track: str, selector: 
                      world=world, qa=qa, config=config, example=example, max_steps=steps, group_size=group_size,
                      prompts_per_batch=prompts_per_batch, updates_per_batch=updates_per_batch, max_turns=max_turns,
                      max_new_tokens=max_new_tokens, lr=lr, lora_r=lora_r, save_steps=save_steps, seed=seed,
-                     resume=resume, threads=threads, time_limit_min=time_limit, dtype=dtype,
+                     resume=resume, threads=threads, time_limit_min=time_limit, dtype=dtype, device=device,
+                     use_vllm=use_vllm, vllm_mode=vllm_mode, vllm_server_url=vllm_server_url,
                      curriculum=str(curriculum) if curriculum else None, rollouts=rollouts, grammar=grammar,
                      is_mode=is_mode, is_cap=is_cap)
     try:
         summary = train(spec)
     except (ValueError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from None
+    except ImportError as exc:  # e.g. vLLM, which TRL imports only when asked to generate with it
+        raise click.ClickException(f"rl train: {exc}") from None
     behaviour = summary.pop("behaviour")
     click.echo(json.dumps(summary, indent=1))
     if behaviour:
@@ -1280,12 +1349,16 @@ def rl_export(checkpoint: Path, out: Path, adapter: bool, hf: bool) -> None:
 @click.option("--data", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Directory with train.parquet and valid.parquet (fhirgym rl dataset).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
-@click.option("--track", type=click.Choice(["action", "qa"]), default="action", show_default=True,
-              help="Which environment class the rows name (fhirgym-action or fhirgym-qa).")
+@click.option("--track", type=click.Choice(["action", "qa"]), default=None,
+              help="The rows' track (fhirgym-action or fhirgym-qa); checked against the data  [default: the data's]")
+@click.option("--context", type=int, default=None,
+              help="The model's context length in tokens, which caps the conversation (generator.max_input_length "
+                   "= context - max_generate_length)  [default: Qwen3-8B's 40960; needed for another model]")
 @click.option("--set", "sets", multiple=True, help="Extra SkyRL override key=value (repeatable).")
-def rl_skyrl(recipe: str, data: Path, out: Path, track: str, sets: tuple[str, ...]) -> None:
-    """Write a SkyRL 0.4 launch (GPU machines only; SkyRL needs Python >= 3.12 and CUDA)."""
-    from .rl import load_recipe, write_launch
+def rl_skyrl(recipe: str, data: Path, out: Path, track: str | None, context: int | None, sets: tuple[str, ...]) -> None:
+    """Write a SkyRL 0.4 launch for GPU machines (SkyRL's own environment: Python 3.12, CUDA 13), after
+    checking the recipe, the dataset and the lengths. The launch says how to install and run it."""
+    from .rl import write_launch
 
     extra = {}
     for item in sets:
@@ -1294,10 +1367,10 @@ def rl_skyrl(recipe: str, data: Path, out: Path, track: str, sets: tuple[str, ..
             raise click.ClickException(f"--set {item!r}: expected key=value")
         extra[key] = value
     try:
-        script = write_launch(load_recipe(recipe), data.resolve(), out, extra, track=track)
+        script = write_launch(recipe, data, out, extra, track=track, context=context)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"wrote {script} (run it on a GPU machine with skyrl[fsdp]==0.4.0 and fhirgym installed)")
+    click.echo(f"wrote {script}: run it in SkyRL 0.4's environment on a GPU machine (its header says how)")
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ class AgentResult:
     completion_tokens: int = 0
     messages: list[dict] = field(default_factory=list)
     model_s: float = 0.0  # time spent waiting for the model (the rest of an episode is the sandbox's)
+    requests: int = 0  # requests sent to the model, retries included (``iterations`` counts the turns)
     error: str | None = None  # infrastructure failure (the episode is marked `error`, not `fail`)
     crash: str | None = None  # the agent's own exception (the episode fails with this reason)
 

@@ -34,13 +34,17 @@ class ChatResult:
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str | None = None
+    attempts: int = 1  # requests this turn took, retries included (the tokens are the answered one's)
 
 
 class BackendError(RuntimeError):
     """Infrastructure failure (unreachable endpoint, auth, timeout after retries, model file missing).
 
     The runner marks the episode ``error``, not ``fail``: the agent was never given a fair chance.
+    ``attempts``: the requests made before giving up (0 when none was sent).
     """
+
+    attempts: int = 0
 
 
 class ContextLengthExceeded(BackendError):

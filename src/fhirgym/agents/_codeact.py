@@ -17,7 +17,7 @@ import orjson
 from ..fhir import json_default_str
 from ._agent import AgentResult, AgentTask
 from ._backend import ChatBackend
-from ._react import OBSERVATION, ReactAgent, _answer
+from ._react import OBSERVATION, ReactAgent, _answer, call_tool
 
 #: A fenced Python block in a model's reply (also how text episodes read code: ``rl/_text.py``).
 CODE_BLOCK = re.compile(r"```(?:python|py)[ \t]*\n(.*?)```", re.S)
@@ -62,6 +62,6 @@ class CodeActAgent(ReactAgent):
         if self._call_tools(task, reply, call_msgs, messages, result):
             return True
         for code in blocks:
-            done = task.tools.call("python", {"code": code})
+            done = call_tool(task, "python", {"code": code})
             messages.append({"role": "user", "content": OBSERVATION + orjson.dumps(done.output, default=json_default_str).decode()})
         return False

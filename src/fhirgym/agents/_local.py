@@ -151,7 +151,14 @@ class LocalBackend:
     covers all cores) serializes inference across processes through a lock file in the model cache.
 
     ``lora``: a LoRA adapter GGUF for this base, applied when the base loads; :meth:`use_lora` swaps it.
+
+    ``chat(..., json_schema=S)`` (no tools) generates the reply under the llama.cpp grammar of the JSON
+    schema S (llama-cpp-python's converter), whatever ``grammar`` says (that option is the agent turns'):
+    the reply is S's JSON unless it is cut off at ``max_tokens``.
     """
+
+    #: how :meth:`chat` holds a reply to ``json_schema=`` (what the memory's evaluator and reflector ask)
+    structured_output = "grammar"
 
     def __init__(
         self,
@@ -283,12 +290,19 @@ class LocalBackend:
         max_tokens: int = 1024,
         seed: int | None = None,
         answer_schema: dict | None = None,
+        json_schema: dict | None = None,
     ) -> ChatResult:
-        """One turn; ``answer_schema`` (JSON schema of the task's answer object) shapes the final answer."""
+        """One turn; ``answer_schema`` (JSON schema of the task's answer object) shapes the final answer;
+        ``json_schema`` (without tools) makes the whole reply an object of that schema."""
+        if json_schema is not None and tools:
+            raise ValueError("json_schema= holds the whole reply to a schema: it takes no tools")
         llama = self.load()
         assert self._shared is not None
         converted = self._prompt(messages, tools, answer_schema)
-        grammar = self._grammar(messages, tools, answer_schema) if self.grammar and tools else None
+        if json_schema is not None:
+            grammar = self._schema_grammar(json_schema)
+        else:
+            grammar = self._grammar(messages, tools, answer_schema) if self.grammar and tools else None
         waiting = time.perf_counter()
         # a Llama is not thread-safe, and its KV cache holds one conversation at a time
         with self._shared.lock, self._machine_lock():
@@ -450,6 +464,17 @@ class LocalBackend:
                 self._grammars.pop(next(iter(self._grammars)))
             self._grammars[key] = LlamaGrammar.from_string(self.turn_gbnf(messages, tools, answer_schema),
                                                            verbose=False)
+        return self._grammars[key]
+
+    def _schema_grammar(self, schema: dict) -> Any:
+        from llama_cpp import LlamaGrammar
+        from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+        key = "schema:" + json.dumps(schema, sort_keys=True)
+        if key not in self._grammars:
+            if len(self._grammars) >= 256:
+                self._grammars.pop(next(iter(self._grammars)))
+            self._grammars[key] = LlamaGrammar.from_string(json_schema_to_gbnf(json.dumps(schema)), verbose=False)
         return self._grammars[key]
 
     def _machine_lock(self) -> contextlib.AbstractContextManager[None]:

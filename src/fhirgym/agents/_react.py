@@ -15,6 +15,7 @@ import time
 
 import orjson
 
+from .._gate import waiting
 from ..fhir import json_default_str
 from ..tools import final_answer_of
 from ._agent import AgentResult, AgentTask, opening_turns
@@ -34,6 +35,16 @@ ELIDED = "[earlier tool output elided to fit the context window]"
 NUDGE = "Start by calling a tool to look up what you need."
 #: Opens the user message that carries the result of a code block (CodeAct), so elision can find it.
 OBSERVATION = "Execution result:\n"
+#: Tools whose call blocks on another process (the code sandbox): other episodes run meanwhile.
+BLOCKING_TOOLS = frozenset({"python"})
+
+
+def call_tool(task: AgentTask, name: str, arguments: dict):
+    """One tool call of the episode; a blocking one lets other episodes' harness work run meanwhile."""
+    if name in BLOCKING_TOOLS:
+        with waiting():
+            return task.tools.call(name, arguments)
+    return task.tools.call(name, arguments)
 
 
 class ReactAgent:
@@ -51,6 +62,11 @@ class ReactAgent:
         self.max_tokens = min(max_tokens, getattr(backend, "max_reply_tokens", None) or max_tokens)
         self.system_prompt = system_prompt
         self.seed = seed
+
+    @property
+    def cooperative(self) -> bool:
+        """Whether every wait of an episode is a model call that lets other episodes run (``_gate.py``)."""
+        return bool(getattr(self.backend, "cooperative", False))
 
     def run(self, task: AgentTask) -> AgentResult:
         system, user = opening_turns(self.system_prompt, task.instructions, task.now, task.prompt, self.nudge)
@@ -94,7 +110,7 @@ class ReactAgent:
                     result: AgentResult) -> bool:
         """Run the reply's tool calls, appending their results; True when a ``finish`` call ended the episode."""
         for call, msg in zip(reply.tool_calls, call_msgs, strict=True):
-            done = task.tools.call(call.name, call.arguments)
+            done = call_tool(task, call.name, call.arguments)
             messages.append({"role": "tool", "tool_call_id": msg["id"], "name": call.name,
                              "content": orjson.dumps(done.output, default=json_default_str).decode()})
             final = final_answer_of(done)
@@ -119,9 +135,11 @@ class ReactAgent:
                 continue
             except BackendError as exc:
                 result.model_s += time.perf_counter() - t0
+                result.requests += exc.attempts
                 result.stop_reason, result.error = "error", str(exc)
                 return None
             result.model_s += time.perf_counter() - t0
+            result.requests += reply.attempts
             result.prompt_tokens += reply.prompt_tokens
             result.completion_tokens += reply.completion_tokens
             return reply

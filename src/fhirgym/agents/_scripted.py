@@ -24,6 +24,7 @@ class Request:
     max_tokens: int
     seed: int | None
     answer_schema: dict | None = None
+    json_schema: dict | None = None
 
 
 def rough_tokens(value: Any) -> int:
@@ -55,11 +56,17 @@ class ScriptedBackend:
     whitespace-token counts (prompt = the messages, completion = the reply). A callable step sees the
     messages so far and returns a ``ChatResult`` or ``str``. A ``ChatResult`` step is returned as given.
     Running past the end raises :class:`BackendError`, like an endpoint that went away.
+
+    ``structured_output`` (default None) is what the backend claims for ``chat(json_schema=...)`` (the
+    memory's evaluator and reflector then send their schema, recorded in the request); the replies are
+    the script's either way.
     """
 
-    def __init__(self, script: Sequence[ScriptStep], name: str = "scripted") -> None:
+    def __init__(self, script: Sequence[ScriptStep], name: str = "scripted",
+                 structured_output: str | None = None) -> None:
         self.script = list(script)
         self.name = name
+        self.structured_output = structured_output
         self.requests: list[Request] = []
 
     @property
@@ -75,11 +82,12 @@ class ScriptedBackend:
         max_tokens: int = 1024,
         seed: int | None = None,
         answer_schema: dict | None = None,
+        json_schema: dict | None = None,
     ) -> ChatResult:
         index = len(self.requests)
         snapshot = copy.deepcopy(messages)
         self.requests.append(Request(snapshot, copy.deepcopy(tools), temperature, max_tokens, seed,
-                                     copy.deepcopy(answer_schema)))
+                                     copy.deepcopy(answer_schema), copy.deepcopy(json_schema)))
         if index >= len(self.script):
             raise BackendError(f"{self.name}: script exhausted after {len(self.script)} replies")
         step = self.script[index]

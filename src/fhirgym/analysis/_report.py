@@ -624,6 +624,82 @@ def render_markdown(metrics: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _money(x: float, currency: str) -> str:
+    return f"{x:,.2f} {currency}"
+
+
+def _hours(minutes: float) -> str:
+    return f"{int(minutes // 60)} h {round(minutes % 60):02d} min" if minutes >= 60 else f"{minutes:.1f} min"
+
+
+def render_estimate(est: dict[str, Any]) -> str:
+    """A plan's cost and power before it runs (the dict of ``memory.estimate_plan``), as Markdown: the dry-run
+    prints it and an experiment's report opens with it."""
+    a, total = est["assumptions"], est["total"]
+    priced = est["prices"] is not None
+    cur = est["prices"]["currency"] if priced else ""
+
+    def cost(row: dict) -> str:
+        if not priced:
+            return "–"
+        text = _money(row["cost"], cur)
+        return text + (f" + unpriced ({', '.join(row['unpriced'])})" if row["unpriced"] else "")
+
+    known = any(c["distinct"] is not None for c in est["comparisons"])
+    fewer = any(c["mde_distinct"] is not None for c in est["comparisons"])
+
+    def refs(row: dict) -> str:
+        return ", ".join(f"[{i}]" for i in row["figures"])
+
+    out = [f"## Before the run: cost and power of plan `{est['plan']}`\n",
+           "Expected figures: per-episode means times the plan's counts (training runs counted at most: every "
+           "trial runs). Prices: " + (f"`{est['prices']['file']}` ({cur} per million input / output tokens)"
+                                      + (f" — {est['prices']['note']}" if est['prices'].get('note') else "")
+                                      if priced else "none given (`--prices FILE`), so no cost") + ".\n",
+           "### Training (one memory per model, training instances and specs; settings that train alike share it)\n",
+           _md_table(["model", "setting", "specs", "runs (≤)", "model calls", "tokens in", "tokens out", "cost",
+                      "wall", "figures"],
+                     [[m["model"], m["setting"], _num(m["with_specs"]), m["runs"], _num(m["calls"]),
+                       _num(m["prompt_tokens"]), _num(m["completion_tokens"]), cost(m), _hours(m["minutes"]), refs(m)]
+                      for m in est["memories"]]),
+           f"### Evaluation (per cell; wall time at the plan's parallel = {est['parallel']}, 1 for a local model)\n",
+           _md_table(["model", "setting", "config", "episodes", "model calls", "tokens in", "tokens out", "cost",
+                      "wall", "figures"],
+                     [[c["model"], c["setting"], c["config"], c["episodes"], _num(c["calls"]), _num(c["prompt_tokens"]),
+                       _num(c["completion_tokens"]), cost(c), _hours(c["minutes"]), refs(c)] for c in est["cells"]]),
+           "### Total\n",
+           f"{total['training_runs']:,} training runs (at most) + {total['evaluation_episodes']:,} evaluation "
+           f"episodes; {total['calls']:,} model calls; {total['prompt_tokens']:,} input + "
+           f"{total['completion_tokens']:,} output tokens; cost {cost(total)}; wall time "
+           f"**{_hours(total['minutes'])}**.\n",
+           "### Power of the paired comparisons against the baseline\n",
+           f"Minimum detectable effect (MDE, percentage points): the smallest rise over an assumed baseline "
+           f"success of {100 * a['base_rate']:.1f} % ({a['base_rate_source']}) that the report's exact McNemar "
+           f"test (two-sided, p < {a['alpha']}) detects with {100 * a['power']:.0f} % power, with paired outcomes "
+           + ("independent given the pair" if not a["correlation"] else f"correlated (phi = {a['correlation']})")
+           + f"; exact power (docs/MEMORY.md). The report corrects over {a['holm_comparisons']} comparisons (Holm): "
+           f"its first step tests at p < {a['alpha']}/{a['holm_comparisons']}.\n",
+           _md_table(["model", "setting", "comparison", "pairs", "instances",
+                      *(["distinct", "seen in training"] if known else []), "MDE",
+                      *(["MDE over distinct instances"] if fewer else []), "MDE at Holm's first step"],
+                     [[c["model"], c["setting"], f"{c['config']} vs baseline", c["pairs"], c["instances"],
+                       *([c["distinct"], c["seen_in_training"]] if known else []), _pts(c["mde"]),
+                       *([_pts(c["mde_distinct"]) if c["mde_distinct"] is not None else "–"] if fewer else []),
+                       _pts(c["mde_holm"])] for c in est["comparisons"]]),
+           *([("Pairs are what the test counts (instances × runs). Where there are fewer distinct instances — "
+               "runs > 1, whose pairs a deterministic backend at temperature 0 only repeats, or two seeds that drew "
+               "the same task (same prompt and parameters) — the MDE over the distinct instances is the honest "
+               "one.") + (" *Seen in training*: evaluation instances that are also a training instance of their "
+                          "setting (separated by seed, not by content)." if known else "") + "\n"]
+             if fewer or known else []),
+           "Figures from:\n", *[f"[{i}] {src}\n" for i, src in enumerate(est["sources"], 1)]]
+    return "\n".join(out)
+
+
+def _pts(x: float | None) -> str:
+    return "not detectable" if x is None else f"{x:.1f}"
+
+
 def _round(x: Any) -> Any:
     if isinstance(x, float):
         return None if math.isnan(x) else round(x, 6)

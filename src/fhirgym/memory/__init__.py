@@ -8,8 +8,25 @@ agents (tools or prompt), the memory configurations of Table 1, and the experime
 
 from ._deid import deidentify, sensitive_values
 from ._embed import EMBEDDERS, Embedder, get_embedder
-from ._experiment import CONFIGS, ExperimentError, Plan, load_plan, run_experiment, write_experiment_report
-from ._reflect import Malformed, evaluate, reflect, run_digest
+from ._estimate import MEASURED, STATED, EstimateError, Figures, FigureTable, load_prices, measured_figures
+from ._experiment import (
+    CONFIGS,
+    ExperimentError,
+    Plan,
+    estimate,
+    load_plan,
+    run_experiment,
+    write_experiment_report,
+)
+from ._reflect import (
+    CRITIQUE_SCHEMA,
+    Malformed,
+    evaluate,
+    lesson_problem,
+    lessons_schema,
+    reflect,
+    run_digest,
+)
 from ._serve import MEMORY_CONFIGS, MODES, bind, bound_config, prompt_block
 from ._settings import SETTINGS, SettingError, SettingPlan, heldout_split, plan_setting
 from ._show import describe
@@ -18,12 +35,18 @@ from ._train import TrainSpec, train_memory
 
 __all__ = [
     "CONFIGS",
+    "CRITIQUE_SCHEMA",
     "EMBEDDERS",
+    "MEASURED",
     "MEMORY_CONFIGS",
     "MODES",
     "SETTINGS",
+    "STATED",
     "Embedder",
+    "EstimateError",
     "ExperimentError",
+    "FigureTable",
+    "Figures",
     "Lesson",
     "Malformed",
     "MemoryStore",
@@ -36,10 +59,15 @@ __all__ = [
     "bound_config",
     "deidentify",
     "describe",
+    "estimate",
     "evaluate",
     "get_embedder",
     "heldout_split",
+    "lesson_problem",
+    "lessons_schema",
     "load_plan",
+    "load_prices",
+    "measured_figures",
     "open_frozen",
     "plan_setting",
     "prompt_block",

@@ -5,8 +5,10 @@ models × configs × settings × runs. Each memory a cell needs is trained once,
 rerun or another cell reuses it. Every cell is an ordinary evaluation directory
 ``DIR/cells/<model>/<setting>/<config>`` run with ``resume``: a killed experiment (kill -9 included)
 rerun with the same command skips every finished episode and every logged training run, and reaches
-the same results. ``DIR/report.md`` (and ``report.json``) opens with Figure 5a (success ± sd over runs
-per config × setting), then paired tests against the baseline, token figures and the training cost.
+the same results. ``DIR/report.md`` (and ``report.json``) opens with what the plan was expected to cost
+and what its comparisons could detect (:func:`estimate`, kept in ``DIR/estimate.json``; the same figures
+``--dry-run`` prints) beside what the run measured, then Figure 5a (success ± sd over runs per config ×
+setting), paired tests against the baseline, token figures and the training cost.
 """
 
 from __future__ import annotations
@@ -21,15 +23,17 @@ from pathlib import Path
 
 import orjson
 
-from ..analysis import compute_metrics
+from ..analysis import compute_metrics, render_estimate
 from ..runner import EvalSpec, read_results, run_eval
-from ..tasks import TaskWorld, offline_paraphrase
+from ..tasks import TaskWorld, make_instance, offline_paraphrase, render
 from ..world import world_sha256
+from ._estimate import EstimateError, FigureTable, estimate_plan
 from ._serve import MEMORY_CONFIGS, MODES, bound_config
 from ._settings import SETTINGS, SettingError, plan_setting
 from ._train import SUMMARY, TrainSpec, train_memory
 
 CONFIGS = ("baseline", "specs", "memory", "memory-specs", "memory-specs+specs")
+ESTIMATE = "estimate.json"
 #: Mean tokens per episode the paper reports for GPT-4.1-mini (ANCHORS.md): the reference column.
 PAPER_TOKENS = {"baseline": "6.1k", "memory": "≈23k", "memory-specs+specs": "≈51k"}
 
@@ -56,6 +60,7 @@ class Plan:
     max_iterations: int = 15
     budget: int | None = None
     seeds: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # setting → {"train": [...], "eval": [...]}
+    base_rate: float | None = None  # the baseline success the plan was sized for (its power figures; not a run input)
 
 
 def load_plan(path: Path) -> Plan:
@@ -78,6 +83,9 @@ def load_plan(path: Path) -> Plan:
         raise ExperimentError(f"{path}: unknown settings {bad}; known: {', '.join(SETTINGS)}")
     if plan.memory_mode not in MODES:
         raise ExperimentError(f"{path}: memory_mode must be one of {', '.join(MODES)}")
+    if plan.base_rate is not None and (isinstance(plan.base_rate, bool) or not isinstance(plan.base_rate, int | float)
+                                       or not 0 <= plan.base_rate < 1):
+        raise ExperimentError(f"{path}: base_rate must be a number from 0 to below 1 (a success rate)")
     for setting in plan.settings:  # refuse a plan whose train and eval instances overlap before running
         try:
             _setting(plan, setting)
@@ -91,6 +99,33 @@ def _setting(plan: Plan, setting: str):
     return plan_setting(setting, plan.tasks, seeds.get("train"), seeds.get("eval"))
 
 
+def estimate(plan: Plan, *, figures: FigureTable | None = None, prices: dict | None = None,
+             base_rate: float | None = None, world: TaskWorld | None = None) -> dict:
+    """What ``plan`` will cost and what its paired comparisons can detect (docs/MEMORY.md, "Before a run").
+    With the ``world`` it will run on, the evaluation instances are also drawn, to count the distinct ones
+    and those that repeat a training instance of their setting."""
+    settings = {s: _setting(plan, s) for s in plan.settings}
+    try:
+        return estimate_plan(plan, settings, figures=figures, prices=prices, base_rate=base_rate,
+                             instances={s: instance_counts(sp, world) for s, sp in settings.items()} if world else None)
+    except EstimateError as exc:
+        raise ExperimentError(str(exc)) from None
+
+
+def instance_counts(sp, world: TaskWorld) -> dict:
+    """Distinct evaluation instances of a setting (two seeds of a family can draw the same task: same
+    prompt and parameters) and how many of them are also a training instance of it (outside ``same``, the
+    settings keep training and evaluation apart by seed; in a small world the draws can still coincide)."""
+    def identity(task: str, seed: int) -> tuple[str, str, bytes]:
+        inst = make_instance(task, seed, world)
+        return task, inst.prompt, orjson.dumps(render(inst.params), option=orjson.OPT_SORT_KEYS, default=str)
+
+    evals = {identity(t, s) for t, s in sp.eval_instances()}
+    trains = {identity(t, s) for t, s in sp.train_instances()}
+    return {"instances": len(sp.eval_instances()), "distinct": len(evals),
+            "seen_in_training": len(evals & trains) if sp.name != "same" else 0}
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")
 
@@ -102,13 +137,19 @@ def _memory_key(spec: TrainSpec, world: TaskWorld) -> str:
 
 def run_experiment(plan: Plan, out: Path, world: TaskWorld, *, log: Callable[[str], None] = print,
                    make_agent: Callable[[str], object] | None = None,
-                   make_backend: Callable[[str], object] | None = None) -> Path:
+                   make_backend: Callable[[str], object] | None = None, ray: str | None = None,
+                   expected: dict | None = None) -> Path:
     """Run (or resume) every cell of ``plan`` into ``out``; returns the report's path.
 
     ``make_agent(model)`` / ``make_backend(model)``: agent and evaluator/reflector backends to use
-    instead of building them from the model strings (tests pass scripted ones)."""
+    instead of building them from the model strings (tests pass scripted ones). ``ray``: run the
+    episodes (training actors and cells) on a Ray cluster (an address; "": ray.init()'s own choice).
+    ``expected``: the plan's :func:`estimate`, kept in ``out/estimate.json`` (without it, one with the
+    built-in figures and no prices, unless a first run left one)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "plan.json").write_bytes(orjson.dumps(plan.__dict__, option=orjson.OPT_INDENT_2))
+    if expected is not None or not (out / ESTIMATE).exists():
+        (out / ESTIMATE).write_bytes(orjson.dumps(expected or estimate(plan), option=orjson.OPT_INDENT_2))
     memories: dict[tuple[str, str, bool], Path] = {}
     for model in plan.models:
         for setting in plan.settings:
@@ -118,7 +159,7 @@ def run_experiment(plan: Plan, out: Path, world: TaskWorld, *, log: Callable[[st
                                  model=model, evaluator=plan.evaluator, reflector=plan.reflector,
                                  with_specs=with_specs, agent=plan.agent, base_url=plan.base_url,
                                  max_iterations=plan.max_iterations, budget=plan.budget,
-                                 paraphrase=sp.train_paraphrase)
+                                 paraphrase=sp.train_paraphrase, parallel=plan.parallel, ray=ray)
                 spec.out = out / "memories" / _memory_key(spec, world)
                 meta = spec.out / "memory.json"
                 if not (meta.exists() and orjson.loads(meta.read_bytes()).get("frozen")):
@@ -136,10 +177,32 @@ def run_experiment(plan: Plan, out: Path, world: TaskWorld, *, log: Callable[[st
                                  tasks=",".join(sp.eval_tasks), seeds=sp.eval_seeds, runs=plan.runs, config=config,
                                  setting=setting, parallel=plan.parallel, resume=True,
                                  max_iterations=plan.max_iterations, budget=plan.budget,
-                                 paraphrase_ids=[sp.eval_paraphrase], written_paraphrases=True)
+                                 paraphrase_ids=[sp.eval_paraphrase], written_paraphrases=True, ray=ray)
                 log(f"evaluating {model} / {setting} / {config}")
-                run_eval(espec, world, agent=make_agent(model) if make_agent else None, config=cfg)
+                run_eval(espec, world, agent=make_agent(model) if make_agent else None, config=cfg, log=log)
     return write_experiment_report(plan, out)
+
+
+def _measured_line(expected: dict, out: Path) -> str:
+    """What the run has measured so far, beside the estimate's totals."""
+    runs = tokens = 0
+    minutes = 0.0
+    for mem in sorted((out / "memories").glob("*/" + SUMMARY)) if (out / "memories").exists() else []:
+        s = orjson.loads(mem.read_bytes())
+        runs += s["episodes"]
+        tokens += s["actor_tokens"] + s["reflection_tokens"]
+        minutes += s["minutes"]
+    episodes = 0
+    for cell in sorted(out.glob("cells/*/*/*")):
+        results = read_results(cell)
+        episodes += len(results)
+        tokens += sum(_tokens(r) for r in results)
+        minutes += sum(float(r.get("duration_s") or 0) for r in results) / 60
+    t = expected["total"]
+    return (f"**Measured so far**: {runs:,} training runs (estimate: ≤ {t['training_runs']:,}), {episodes:,} "
+            f"evaluation episodes (estimate: {t['evaluation_episodes']:,}), {tokens:,} tokens (estimate: "
+            f"{t['prompt_tokens'] + t['completion_tokens']:,}), {minutes:.1f} min of training and episode time, summed "
+            f"(estimate: {t['minutes']:.1f} min of wall time).\n")
 
 
 def _tokens(r: dict) -> int:
@@ -157,6 +220,10 @@ def write_experiment_report(plan: Plan, out: Path) -> Path:
     """report.md + report.json from the cells present (whatever is finished so far)."""
     lines = [f"# Experiment {plan.name}", ""]
     data: dict = {"plan": plan.__dict__, "models": {}}
+    expected = orjson.loads((out / ESTIMATE).read_bytes()) if (out / ESTIMATE).exists() else None
+    if expected:
+        lines += [render_estimate(expected), _measured_line(expected, out), ""]
+        data["estimate"] = expected
     for model in plan.models:
         results = []
         for setting in plan.settings:

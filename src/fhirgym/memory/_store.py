@@ -80,6 +80,14 @@ def _jaccard(a: str, b: str) -> float:
     return len(wa & wb) / len(wa | wb) if wa | wb else 1.0
 
 
+def _reopen(path: str, embedder: str, content_hash: str | None) -> MemoryStore:
+    store = MemoryStore(path, embedder)
+    if not store.frozen or store.content_hash != content_hash:
+        raise MemoryStoreError(f"{path} here holds memory {store.content_hash}, not {content_hash}")
+    store.verify()
+    return store
+
+
 class MemoryStore:
     """Lessons in a directory (see the module docstring). Reads are thread-safe; writes take a lock."""
 
@@ -114,6 +122,13 @@ class MemoryStore:
                                "macro lessons (rebuild the memory)")
         self._lock = threading.Lock()
         self._by_key: tuple[int, dict[str, list[Lesson]]] | None = None  # micro tips by type (rebuilt on growth)
+
+    def __reduce__(self):
+        """A frozen store travels to another process (a Ray worker) as its directory, reopened and
+        checked there against its hash: every node must read the path."""
+        if not self.frozen:
+            raise TypeError(f"only a frozen memory can be sent to another process ({self.path} is not frozen)")
+        return _reopen, (str(self.path), self.embedder.name, self.content_hash)
 
     # -- writing --------------------------------------------------------------------------------------
     def add(self, lesson: Lesson) -> tuple[Lesson, bool]:

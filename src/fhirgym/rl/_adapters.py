@@ -6,6 +6,7 @@ the same transcript gets the same reward in all three (``tests/test_rl.py`` hold
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -22,8 +23,8 @@ class FhirTextEnv:
     """``reset(options={"extra_info": row}) -> (messages, info)``; ``step(text) -> (observations, reward,
     terminated, truncated, info)``. Gymnasium's signatures, with text for observations and actions."""
 
-    def __init__(self, config: str = "baseline", reward: RewardSpec | None = None) -> None:
-        self.config, self.reward = config, reward
+    def __init__(self, config: str | None = None, reward: RewardSpec | None = None) -> None:
+        self.config, self.reward = config, reward  # config None: the row's
         self.text: TextEpisode | None = None
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[list[dict], dict]:
@@ -53,34 +54,46 @@ def skyrl_env_class():
     from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
     class FhirSkyRLEnv(BaseTextEnv):
-        """A fhirgym episode as a SkyRL text env; ``extras`` is the dataset row less prompt and env_class."""
+        """A fhirgym episode as a SkyRL text env; ``extras`` is the dataset row less prompt and env_class.
+
+        The episode is built in :meth:`init`, not here: SkyRL's generator makes its environments on its
+        asyncio event loop and runs ``init``/``step``/``close`` in its env thread pool
+        (``environment.skyrl_gym.max_env_workers``), so building here would stall every rollout of the
+        batch behind each instance's construction. The tools are the row's ``extra_info.config`` (SkyRL's
+        ``env_config`` for these ids is always empty)."""
 
         def __init__(self, env_config: Any = None, extras: dict | None = None) -> None:
             super().__init__()
             extras = extras or {}
-            extra = dict(extras.get("extra_info") or {})
+            self.extra = dict(extras.get("extra_info") or {})
             if extras.get("max_turns"):
-                extra["max_turns"] = extras["max_turns"]
-            config = (env_config or {}).get("config", "baseline") if isinstance(env_config, dict) else "baseline"
-            self.text = episode_for(extra, config)
-            self.max_turns = self.text.max_turns
+                self.extra["max_turns"] = extras["max_turns"]
+            self.config = env_config.get("config") if isinstance(env_config, Mapping) else None
+            self.max_turns = int(self.extra.get("max_turns") or 12)
+            self.text: TextEpisode | None = None
 
         def init(self, prompt: list[dict]) -> tuple[list[dict], dict]:
+            if self.text is not None:
+                self.text.close()
+            self.text = episode_for(self.extra, self.config)
             return self.text.reset(), {}
 
         def step(self, action: str) -> BaseTextEnvStepOutput:
+            if self.text is None:
+                raise RuntimeError("init() the environment before stepping it")
             out: TextStep = self.text.step(action)
             self.turns = self.text.turns
             return BaseTextEnvStepOutput(observations=out.observations, reward=out.reward, done=out.done,
                                          metadata=out.info, postprocessed_action=None)
 
         def get_metrics(self) -> dict:
-            verdict = self.text.verdict
+            verdict = None if self.text is None else self.text.verdict
             return {} if verdict is None else {"success": float(verdict.success), "turns": self.text.turns,
                                                "malformed_turns": self.text.malformed}
 
         def close(self) -> None:
-            self.text.close()
+            if self.text is not None:
+                self.text.close()
 
     return FhirSkyRLEnv
 

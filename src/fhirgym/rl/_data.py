@@ -5,13 +5,20 @@ count: worlds are built deterministically, so a GPU machine rebuilds the same on
 to check). It never carries the gold: the environment rebuilds the instance and judges the episode.
 Action splits are disjoint seed ranges, so train, valid and test never share a (family, seed). QA rows
 name a question of the set ``build_questions(world, per_template, seed)`` makes (by its id); that set is
-split by patient, so the splits never share a QA patient.
+split by patient, so the splits never share a QA patient. A row also names the configuration (tools) its
+prompt was written for, so an environment that rebuilds it (SkyRL passes no env config) grants those tools.
+
+Worlds, question sets and instances are built once per process and key, also when several threads ask at
+once (SkyRL opens the eight samples of a prompt together in its env threads): the first builds, the others
+wait for it instead of building the same thing again.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,26 +38,49 @@ DEFAULT_WORLD = {"seed": DEFAULT_SEED, "patients": DEFAULT_PATIENTS}
 DEFAULT_QA = {"per_template": 20, "seed": 0}
 
 _INSTANCES: OrderedDict[tuple, Instance] = OrderedDict()
-_LOCK = threading.Lock()
+_WORLDS: dict[tuple, TaskWorld] = {}
+_QUESTIONS: dict[tuple, dict[str, QaQuestion]] = {}
+_LOCK = threading.Lock()  # guards the caches and _BUILDERS, never held while building
+_BUILDERS: dict[tuple, list] = {}  # key -> [its lock, threads holding or waiting for it]
 _CACHED = 256
+
+
+@contextmanager
+def _one_builder(key: tuple) -> Iterator[None]:
+    """Hold ``key``'s own lock: threads building the same thing queue behind the first (which caches it)."""
+    with _LOCK:
+        entry = _BUILDERS.setdefault(key, [threading.Lock(), 0])
+        entry[1] += 1
+    try:
+        with entry[0]:
+            yield
+    finally:
+        with _LOCK:
+            entry[1] -= 1
+            if not entry[1]:
+                del _BUILDERS[key]
 
 
 def world_of(spec: dict | None) -> TaskWorld:
     """The TaskWorld a row names (``{"seed", "patients"}`` or ``{"path"}``), built and cached on first use."""
     spec = spec or DEFAULT_WORLD
-    if spec.get("path"):
-        return TaskWorld.open(spec["path"])
-    return TaskWorld.open(build_world(seed=int(spec["seed"]), patients=int(spec["patients"])).path)
-
-
-_QUESTIONS: dict[tuple, dict[str, QaQuestion]] = {}
+    key = ("path", str(spec["path"])) if spec.get("path") else ("built", int(spec["seed"]), int(spec["patients"]))
+    if key in _WORLDS:
+        return _WORLDS[key]
+    with _one_builder(("world", *key)):
+        if key not in _WORLDS:
+            path = spec["path"] if spec.get("path") else build_world(seed=key[1], patients=key[2]).path
+            _WORLDS[key] = TaskWorld.open(path)
+        return _WORLDS[key]
 
 
 def qa_questions(world: TaskWorld, qa: dict | None = None) -> dict[str, QaQuestion]:
     """The question set ``qa`` (``{"per_template", "seed"}``) names on ``world``, by id; built once per process."""
     qa = qa or DEFAULT_QA
     key = (str(world.path), int(qa["per_template"]), int(qa["seed"]))
-    with _LOCK:
+    if key in _QUESTIONS:
+        return _QUESTIONS[key]
+    with _one_builder(("qa", *key)):
         if key not in _QUESTIONS:
             _QUESTIONS[key] = {q.id: q for q in build_questions(world, key[1], key[2])}
         return _QUESTIONS[key]
@@ -68,25 +98,40 @@ def instance_for(extra: dict) -> Instance:
         if key in _INSTANCES:
             _INSTANCES.move_to_end(key)
             return _INSTANCES[key]
-    if track == "qa":
-        question = qa_questions(world, extra.get("qa")).get(extra["question_id"])
-        if question is None:
-            raise ValueError(f"no QA question {extra['question_id']!r} in the set {extra.get('qa') or DEFAULT_QA} "
-                             f"of world {world.path}")
-        inst = qa_instance(question, world)
-    else:
-        inst = make_instance(extra["task_id"], int(extra["seed"]), world)
-    with _LOCK:
-        _INSTANCES[key] = inst
-        while len(_INSTANCES) > _CACHED:
-            _INSTANCES.popitem(last=False)
+    with _one_builder(("instance", *key)):
+        with _LOCK:
+            if key in _INSTANCES:  # built by the thread this one waited for
+                return _INSTANCES[key]
+        if track == "qa":
+            question = qa_questions(world, extra.get("qa")).get(extra["question_id"])
+            if question is None:
+                raise ValueError(f"no QA question {extra['question_id']!r} in the set "
+                                 f"{extra.get('qa') or DEFAULT_QA} of world {world.path}")
+            inst = qa_instance(question, world)
+        else:
+            inst = make_instance(extra["task_id"], int(extra["seed"]), world)
+        with _LOCK:
+            _INSTANCES[key] = inst
+            while len(_INSTANCES) > _CACHED:
+                _INSTANCES.popitem(last=False)
     return inst
 
 
-def episode_for(extra: dict, config: str = "baseline", reward: RewardSpec | None = None) -> TextEpisode:
-    """The text episode a row's ``extra_info`` stands for (turns, output budget, worked example as the row
-    says): every adapter and the evaluation open a row this one way."""
-    return TextEpisode(instance_for(extra), config, max_turns=int(extra.get("max_turns") or 12),
+def row_config(extra: dict, config: str | None = None) -> str:
+    """The configuration an episode of this row runs with: the row's (what its prompt lists), else
+    ``config``, else baseline. A ``config`` that contradicts the row is refused: the model would be shown
+    one set of tools and given another."""
+    named = extra.get("config")
+    if config and named and config != named:
+        raise ValueError(f"the row's prompt was written for configuration {named!r}, not {config!r}: "
+                         f"rebuild the dataset with --config {config} or run it with {named!r}")
+    return config or named or "baseline"
+
+
+def episode_for(extra: dict, config: str | None = None, reward: RewardSpec | None = None) -> TextEpisode:
+    """The text episode a row's ``extra_info`` stands for (configuration, turns, output budget, worked
+    example as the row says): every adapter and the evaluation open a row this one way."""
+    return TextEpisode(instance_for(extra), row_config(extra, config), max_turns=int(extra.get("max_turns") or 12),
                        budget=int(extra.get("budget") or TEXT_BUDGET), reward=reward,
                        example=bool(extra.get("example")))
 
@@ -132,7 +177,7 @@ def dataset_rows(track: str = "action", split: str = "train", *, tasks: str = "a
                          "extra_info": {"track": track, "task_id": fam.id, "seed": seed, "split": split,
                                         "category": fam.category, "difficulty": fam.difficulty,
                                         "writes": inst.writes, "world": {**world, "sha256": sha},
-                                        "max_turns": max_turns, "example": example}})
+                                        "max_turns": max_turns, "example": example, "config": config}})
             taken += 1
     return rows
 
@@ -167,7 +212,7 @@ def _qa_rows(tw: TaskWorld, world: dict, split: str, tasks: str, per_template: i
                                     "category": "qa", "difficulty": fam.difficulty, "writes": False,
                                     "world": world, "qa": {"per_template": int(qa["per_template"]),
                                                            "seed": int(qa["seed"])},
-                                    "max_turns": max_turns, "example": example}})
+                                    "max_turns": max_turns, "example": example, "config": config}})
     return rows
 
 

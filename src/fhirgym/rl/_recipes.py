@@ -3,7 +3,10 @@
 A recipe states the algorithm once; :func:`trl_args` gives ``trl.GRPOConfig`` keyword arguments
 (TRL 1.16) and :func:`skyrl_overrides` SkyRL 0.4's ``key=value`` overrides. Dynamic sampling has no
 TRL option: ``trl_args`` leaves it out and :attr:`Recipe.dynamic` tells the CPU trainer to apply its
-own filter (masking zero-variance groups, SkyRL's ``zero_variance_filter`` semantics).
+own filter (masking zero-variance groups, SkyRL's ``zero_variance_filter`` semantics). Overlong filtering
+(DAPO: a rollout cut by a length limit, with no end of turn, is left out of the loss) is the recipe's
+``[loss] overlong_filtering`` (default on) and maps to both: TRL's ``mask_truncated_completions``,
+SkyRL's ``generator.apply_overlong_filtering``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ class Recipe:
     dynamic: bool
     reduction: str
     kl: float
+    overlong_filtering: bool
     max_turns: int
     max_prompt_length: int
     max_generate_length: int
@@ -62,7 +66,8 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
             clip_low=float(raw["clip"]["low"]), clip_high=float(raw["clip"]["high"]),
             group_size=int(raw["sampling"]["group_size"]), temperature=float(raw["sampling"]["temperature"]),
             dynamic=bool(raw["sampling"]["dynamic"]), reduction=raw["loss"]["reduction"],
-            kl=float(raw["loss"]["kl"]), max_turns=int(raw["lengths"]["max_turns"]),
+            kl=float(raw["loss"]["kl"]), overlong_filtering=bool(raw["loss"].get("overlong_filtering", True)),
+            max_turns=int(raw["lengths"]["max_turns"]),
             max_prompt_length=int(raw["lengths"]["max_prompt_length"]),
             max_generate_length=int(raw["lengths"]["max_generate_length"]),
             train_batch_size=int(raw["batch"]["train_batch_size"]),
@@ -83,7 +88,7 @@ def trl_args(recipe: Recipe) -> dict[str, Any]:
         "epsilon": recipe.clip_low, "epsilon_high": recipe.clip_high,
         "loss_type": _LOSS_TRL[recipe.reduction], "scale_rewards": "group", "beta": recipe.kl,
         "max_tool_calling_iterations": recipe.max_turns, "max_completion_length": recipe.max_generate_length,
-        "mask_truncated_completions": True, "learning_rate": recipe.lr,
+        "mask_truncated_completions": recipe.overlong_filtering, "learning_rate": recipe.lr,
         # one rollout batch feeds several optimiser steps: the ratio leaves 1 and the clip acts
         "steps_per_generation": recipe.updates_per_batch,
     }
@@ -101,6 +106,7 @@ def skyrl_overrides(recipe: Recipe, env_class: str = "fhirgym-action") -> dict[s
         "generator.n_samples_per_prompt": recipe.group_size,
         "generator.max_turns": recipe.max_turns,
         "generator.batched": False,
+        "generator.apply_overlong_filtering": recipe.overlong_filtering,
         "generator.sampling_params.temperature": recipe.temperature,
         "generator.sampling_params.max_generate_length": recipe.max_generate_length,
         "trainer.max_prompt_length": recipe.max_prompt_length,

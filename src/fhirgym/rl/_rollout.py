@@ -17,7 +17,8 @@ results are rendered by the template and appended as tokens with ``env_mask`` 0 
 (out of the loss and of the correction). The token stream llama.cpp continued is exactly the one the
 trainer scores. A completion holds at most the trainer's ``max_completion_length`` tokens (model and tool
 tokens, as TRL counts them): a reply cut there, or a tool result that does not fit, ends the episode with a
-last token that is not an end-of-turn, so TRL's ``mask_truncated_completions`` drops it from the loss.
+last token that is not an end-of-turn, so the recipe's overlong filtering (TRL's
+``mask_truncated_completions``) drops it from the loss.
 
 **The current LoRA reaches the sampler before every rollout batch.** TRL calls
 ``trainer.vllm_generation.sync_weights()`` before ``rollout_func`` whenever the optimiser step moved on

@@ -46,10 +46,11 @@ def cpu_has_bf16() -> bool:
 
 @dataclass
 class SftSpec:
-    """One behaviour-cloning run over a trajectories directory (``data``; ``valid`` for a held-out loss)."""
+    """One behaviour-cloning run over trajectories directories (``data``: one or several, e.g. an action and a
+    QA set; ``valid`` for a held-out loss)."""
 
     out: Path
-    data: Path
+    data: Path | list[Path]
     model: str = DEFAULT_POLICY
     valid: Path | None = None
     epochs: float = 2.0
@@ -66,12 +67,15 @@ class SftSpec:
     command: str = ""  # the command line that started the run (recorded with the checkpoint)
     extra: dict = field(default_factory=dict)
 
+    def datasets(self) -> list[Path]:
+        return [Path(d) for d in (self.data if isinstance(self.data, list | tuple) else [self.data])]
+
     def weights_dtype(self) -> str:
         return ("bfloat16" if cpu_has_bf16() else "float32") if self.dtype == "auto" else self.dtype
 
 
-def _rows(path: Path) -> list[dict]:
-    return [{"input_ids": t.input_ids, "labels": t.labels} for t in read_trajectories(path)]
+def _rows(paths: list[Path]) -> list[dict]:
+    return [{"input_ids": t.input_ids, "labels": t.labels} for p in paths for t in read_trajectories(p)]
 
 
 def _trainer_class():
@@ -119,10 +123,11 @@ def _curve(path: Path, plot: Path, t0: float):
 def _record(folder: Path, spec: SftSpec) -> None:
     """What a checkpoint was trained on, beside what ``rl export`` needs."""
     (folder / BASE_FILE).write_text(json.dumps({"model": spec.model, "recipe": "sft", "track": "sft"}))
-    manifest = json.loads((spec.data / MANIFEST).read_text()) if (spec.data / MANIFEST).is_file() else None
+    manifests = [json.loads((d / MANIFEST).read_text()) if (d / MANIFEST).is_file() else None
+                 for d in spec.datasets()]
     (folder / SFT_FILE).write_text(json.dumps({
-        "data": str(spec.data), "trajectories": manifest, "settings": asdict(spec), "commit": commit()},
-        indent=1, default=str))
+        "data": [str(d) for d in spec.datasets()], "trajectories": manifests, "settings": asdict(spec),
+        "commit": commit()}, indent=1, default=str))
 
 
 def build_sft(spec: SftSpec, model: Any = None, tokenizer: Any = None) -> Any:
@@ -135,15 +140,15 @@ def build_sft(spec: SftSpec, model: Any = None, tokenizer: Any = None) -> Any:
 
     if spec.threads:
         torch.set_num_threads(spec.threads)
-    rows = _rows(spec.data)
+    rows = _rows(spec.datasets())
     if not rows:
-        raise ValueError(f"{spec.data} holds no trajectories")
+        raise ValueError(f"{', '.join(map(str, spec.datasets()))} hold no trajectories")
     if model is None:
         model, tokenizer = load_policy(spec.model, dtype=spec.weights_dtype())
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     spec.out.mkdir(parents=True, exist_ok=True)
-    valid = Dataset.from_list(_rows(spec.valid)) if spec.valid else None
+    valid = Dataset.from_list(_rows([spec.valid])) if spec.valid else None
     args = SFTConfig(output_dir=str(spec.out), num_train_epochs=spec.epochs, max_steps=spec.max_steps,
                      learning_rate=spec.lr, per_device_train_batch_size=1, per_device_eval_batch_size=1,
                      gradient_accumulation_steps=spec.grad_accum, lr_scheduler_type="cosine", warmup_steps=0.05,

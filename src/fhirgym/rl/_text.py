@@ -6,12 +6,15 @@ the prompt an evaluated agent sees); ``step(text)`` reads the tool calls in the
 model's reply (``<tool_call>`` JSON, fenced JSON, bare JSON; a fenced ```` ```python ```` block is a
 call of the ``python`` tool where the configuration grants one), runs them through the episode and
 returns their results as ``tool`` messages. A reply without a call is the final answer, and so is the
-``answer`` of a ``finish`` call (where granted): the episode is judged and the reward given. The
-adapters (SkyRL, Gymnasium-style, TRL) are thin shells over this.
+``answer`` of a ``finish`` call (where granted): the episode is judged and the reward given. A reasoning
+model's thinking (``<think>…</think>``, Qwen3's) is dropped before a reply is read (:func:`strip_reasoning`):
+a call written while thinking never runs and a draft answer there is never judged. The adapters
+(SkyRL, Gymnasium-style, TRL) are thin shells over this.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +39,26 @@ from ._reward import RewardSpec
 #: The tool output bound of a text episode: a small model's context holds a few such results.
 TEXT_BUDGET = 4_000
 _CALL_MARKERS = ("<tool_call", "```json", '"arguments"')
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
+_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.S)
+
+
+def strip_reasoning(text: str) -> str:
+    """``text`` without its reasoning: what is left is what the model said and called.
+
+    Qwen3 writes ``<think>…</think>`` before its reply. The opening tag may be in the prompt rather than the
+    reply (a template that opens the thinking for the model), so a ``</think>`` before any ``<think>``
+    ends reasoning that began the reply. A ``<think>`` never closed (the turn hit its length limit while
+    thinking) makes the rest of the reply reasoning. Text without the tags is returned as it is."""
+    if _THINK_CLOSE not in text and _THINK_OPEN not in text:
+        return text
+    close, open_ = text.find(_THINK_CLOSE), text.find(_THINK_OPEN)
+    if close >= 0 and (open_ < 0 or close < open_):
+        text = text[close + len(_THINK_CLOSE):]
+    text = _THINK_BLOCK.sub("", text)
+    if _THINK_OPEN in text:
+        text = text[:text.find(_THINK_OPEN)]
+    return text.strip()
 
 
 def tool_block(schemas: list[dict]) -> str:
@@ -95,11 +118,12 @@ class TextEpisode:
         if self.verdict is not None:
             raise RuntimeError("the episode is over: reset() it")
         self.turns += 1
-        calls = self.parse(action)
+        reply = strip_reasoning(action or "")
+        calls = self.parse(reply)
         if not calls:
-            if any(m in action for m in _CALL_MARKERS):
+            if any(m in reply for m in _CALL_MARKERS):
                 self.malformed += 1
-            return self._end(action, "answered")
+            return self._end(reply, "answered")
         observations = []
         for name, args in calls:
             done = self.episode.step({"name": name, "arguments": args})
@@ -115,12 +139,14 @@ class TextEpisode:
         return TextStep(observations, 0.0, False, {"turn": self.turns, "tool_calls": len(calls)})
 
     def parse(self, text: str) -> list[tuple[str, dict]]:
-        """The calls in one reply, in order: tool-call JSON, else ```python blocks for a python tool."""
-        calls, _ = parse_tool_calls(text or "", self._names)
+        """The calls in one reply, in order: tool-call JSON, else ```python blocks for a python tool (none
+        from its reasoning)."""
+        text = strip_reasoning(text or "")
+        calls, _ = parse_tool_calls(text, self._names)
         if calls:
             return [(c.name, c.arguments) for c in calls]
         if "python" in self._names:
-            return [("python", {"code": code}) for code in CODE_BLOCK.findall(text or "")]
+            return [("python", {"code": code}) for code in CODE_BLOCK.findall(text)]
         return []
 
     def finish(self, answer: str | None) -> TextStep:
@@ -128,7 +154,7 @@ class TextEpisode:
         the rollout itself, e.g. at its length limit, hands over the last text this way)."""
         if self.verdict is not None:
             raise RuntimeError("the episode is over: reset() it")
-        return self._end(answer, "answered")
+        return self._end(None if answer is None else strip_reasoning(answer), "answered")
 
     def _end(self, answer: str | None, why: str) -> TextStep:
         self.verdict = self.episode.submit(answer)

@@ -1,4 +1,5 @@
-"""The CPU trainer: TRL's ``GRPOTrainer`` (pinned 1.16.0) with LoRA over fhirgym episodes.
+"""The trainer: TRL's ``GRPOTrainer`` (pinned 1.16.0) with LoRA over fhirgym episodes, on the CPU or on a
+GPU (:func:`device_args`: bf16 mixed precision, generation by transformers or vLLM).
 
 ``train(TrainSpec(...))`` builds the dataset rows of a track, gives TRL the episode as its
 ``environment_factory`` (the tools are its methods; the reward is :meth:`TextEpisode` 's, handed over by
@@ -9,10 +10,10 @@ of flat groups, clip ratios, the sampler mismatch, the behaviour figures, wall t
 ``rollouts.jsonl`` (every rollout, its reward and what the policy did: :mod:`fhirgym.rl._behaviour`), and at
 the end ``behaviour.jsonl`` (the behaviour per step). The progress bar is the Trainer's.
 
-Rollouts (``rollouts``): on a GGUF base llama.cpp generates them (:mod:`fhirgym.rl._rollout`: TRL's
-``rollout_func``, the current LoRA swapped in before every batch, the sampler/trainer mismatch logged and
-corrected with truncated importance weights); ``torch`` keeps TRL's own generation (``model.generate``
-with the episode as ``environment_factory``), the only choice for a Hugging Face model. A curriculum file
+Rollouts (``rollouts``): on the CPU with a GGUF base llama.cpp generates them (:mod:`fhirgym.rl._rollout`:
+TRL's ``rollout_func``, the current LoRA swapped in before every batch, the sampler/trainer mismatch logged
+and corrected with truncated importance weights); ``torch`` keeps TRL's own generation (``model.generate``,
+or vLLM with ``use_vllm``, the episode as ``environment_factory``), the only choice for a Hugging Face model. A curriculum file
 (``curriculum``, :mod:`fhirgym.rl._curriculum`) names the rows and is refused when a constant reply earns
 at least the start policy's mean reward on it; its floors are drawn on the curve.
 
@@ -30,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..agents import LOCAL_MODELS
 from ._adapters import trl_environment, trl_reward, trl_tool_parsing
 from ._behaviour import FIGURES, behaviour_of, behaviour_summary, figures
 from ._curriculum import check_curriculum, constant_names, curriculum_rows, load_curriculum
@@ -149,15 +151,52 @@ class TrainSpec:
     resume: bool = False
     threads: int | None = None
     time_limit_min: float | None = None  # stop at the first rollout-batch boundary past this wall time
-    rollouts: str = "auto"  # ROLLOUTS: llama.cpp on a GGUF base, else torch
+    rollouts: str = "auto"  # ROLLOUTS: llama.cpp on a GGUF base on the CPU, else TRL's own generation
     grammar: bool = False  # llama.cpp rollouts: each turn under the local agent's turn grammar
     is_mode: str = IS_MODE  # the sampler correction (TRL's vllm_importance_sampling_mode)
     is_cap: float = IS_CAP  # its truncation (TRL's vllm_importance_sampling_clip_max)
     curriculum: str | None = None  # a file of `rl curriculum`: its rows, refused if a constant reply pays
     n_ctx: int = 8192  # llama.cpp rollouts: the context (prompt and completion)
+    device: str = "cpu"  # DEVICES; see device_args
+    use_vllm: bool = False  # generate with vLLM (cuda only)
+    vllm_mode: str = "colocate"  # VLLM_MODES
+    vllm_server_url: str | None = None  # server mode: the `trl vllm-serve` endpoint (default: TRL's localhost:8000)
 
 
-#: How rollouts are generated: ``auto`` (llama.cpp where the base is a GGUF), ``llama.cpp``, ``torch``.
+DEVICES = ("cpu", "cuda")
+VLLM_MODES = ("colocate", "server")
+
+
+def device_args(spec: TrainSpec) -> dict[str, Any]:
+    """The ``trl.GRPOConfig`` keyword arguments that say where training and generation run, all in this one place.
+
+    ``cpu``: TRL's CPU mode, no mixed precision (``--dtype bfloat16`` makes the weights bfloat16 instead).
+    ``cuda``: the GPU with bf16 mixed precision (Ampere or newer), generation by transformers unless
+    ``use_vllm``: vLLM in this process sharing the GPU (``colocate``) or a ``trl vllm-serve`` server
+    (``server``). vLLM loads the policy by its Hugging Face name or directory, so not from a GGUF."""
+    if spec.device not in DEVICES:
+        raise ValueError(f"device {spec.device!r}: one of {', '.join(DEVICES)}")
+    if spec.vllm_mode not in VLLM_MODES:
+        raise ValueError(f"vllm_mode {spec.vllm_mode!r}: one of {', '.join(VLLM_MODES)}")
+    if spec.device == "cpu":
+        if spec.use_vllm or spec.vllm_server_url:
+            raise ValueError("vLLM generates on GPUs: use it with --device cuda")
+        return {"use_cpu": True, "bf16": False, "fp16": False, "use_vllm": False}
+    out: dict[str, Any] = {"use_cpu": False, "bf16": True, "fp16": False, "use_vllm": spec.use_vllm}
+    if spec.vllm_server_url and not (spec.use_vllm and spec.vllm_mode == "server"):
+        raise ValueError("a vLLM server URL needs --use-vllm --vllm-mode server")
+    if spec.use_vllm:
+        if spec.model in LOCAL_MODELS or spec.model.endswith(".gguf"):
+            raise ValueError(f"vLLM loads the policy by its Hugging Face name or directory, not the GGUF {spec.model!r}: "
+                             "give --model a hub id (e.g. Qwen/Qwen2.5-Coder-0.5B-Instruct) or a model directory")
+        out["vllm_mode"] = spec.vllm_mode
+        if spec.vllm_server_url:
+            out["vllm_server_base_url"] = spec.vllm_server_url
+    return out
+
+
+#: How rollouts are generated: ``auto`` (llama.cpp on the CPU where the base is a GGUF), ``llama.cpp``, or
+#: ``torch`` (TRL's own generation: transformers, or vLLM with ``use_vllm``).
 ROLLOUTS = ("auto", "llama.cpp", "torch")
 
 
@@ -167,15 +206,19 @@ def rollout_engine(spec: TrainSpec) -> str:
         raise ValueError(f"rollouts {spec.rollouts!r}: one of {', '.join(ROLLOUTS)}")
     if spec.rollouts == "torch":
         return "torch"
+    if spec.use_vllm:
+        if spec.rollouts == "llama.cpp":
+            raise ValueError("llama.cpp rollouts and vLLM both generate the rollouts: choose one")
+        return "torch"
     if rollout_base(spec.model) is None:
         if spec.rollouts == "llama.cpp":
             raise ValueError(f"llama.cpp rollouts need a GGUF base; {spec.model!r} is none (use torch rollouts)")
         return "torch"
-    return "llama.cpp"
+    return "llama.cpp" if spec.rollouts == "llama.cpp" or spec.device == "cpu" else "torch"
 
 
 def grpo_args(spec: TrainSpec) -> dict[str, Any]:
-    """``trl.GRPOConfig`` keyword arguments: the recipe's, sized for this run, on the CPU."""
+    """``trl.GRPOConfig`` keyword arguments: the recipe's, sized for this run, on the spec's device."""
     recipe = load_recipe(spec.recipe)
     args = trl_args(recipe)
     group = spec.group_size or recipe.group_size
@@ -198,7 +241,8 @@ def grpo_args(spec: TrainSpec) -> dict[str, Any]:
             raise ValueError(f"is_cap {spec.is_cap}: the weights' cap must be above 1")
         args.update(vllm_importance_sampling_correction=True, vllm_importance_sampling_mode=spec.is_mode,
                     vllm_importance_sampling_clip_max=spec.is_cap)
-    args.update(output_dir=str(spec.out), use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
+    args.update(device_args(spec))
+    args.update(output_dir=str(spec.out), gradient_checkpointing=False,
                 max_steps=spec.max_steps, logging_steps=1, save_steps=spec.save_steps, save_strategy="steps",
                 report_to="none", seed=spec.seed, data_seed=spec.seed, disable_tqdm=False, dataloader_num_workers=0,
                 remove_unused_columns=False, log_completions=False, num_train_epochs=1)
@@ -339,6 +383,7 @@ def build_trainer(spec: TrainSpec, model: Any = None, tokenizer: Any = None) -> 
     from peft import LoraConfig
     from trl import GRPOConfig, GRPOTrainer
 
+    device_args(spec)  # a device or vLLM choice that cannot work fails before the data and the model load
     if spec.threads:
         torch.set_num_threads(spec.threads)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")

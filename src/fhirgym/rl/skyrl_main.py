@@ -2,8 +2,8 @@
 
 ``python -m fhirgym.rl.skyrl_main key=value ...`` (the launch ``fhirgym rl skyrl`` writes): SkyRL's own
 config from the overrides, and ``fhirgym-action``/``fhirgym-qa`` registered with skyrl-gym inside the Ray task, where
-SkyRL's generator makes its environments. Needs ``skyrl[fsdp]`` (Python ≥ 3.12, CUDA), which fhirgym
-does not install.
+SkyRL's generator makes its environments. Runs in SkyRL 0.4's own environment (Python 3.12, CUDA 13;
+the launch's header says how to get it), which fhirgym does not install.
 """
 
 from __future__ import annotations

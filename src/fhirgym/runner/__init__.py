@@ -4,8 +4,19 @@
     results = run_eval(EvalSpec(out=Path("runs/x"), agent="reference", tasks="scheduling"), world)
 """
 
+from ._dispatch import Recipe, RunError
 from ._episode import DEFAULT_MAX_STEPS, EpisodeKey, run_episode, verdict_fields
-from ._eval import EvalError, EvalSpec, instance_for, instance_seed, plan, progress_line, run_eval, summary
+from ._eval import (
+    EvalError,
+    EvalSpec,
+    episode_pool,
+    instance_for,
+    instance_seed,
+    plan,
+    progress_line,
+    run_eval,
+    summary,
+)
 from ._judge import Agreement, JudgeVerdict, LlmJudge, agreement, gold_text
 from ._results import RESULTS, append_result, read_results
 
@@ -18,8 +29,11 @@ __all__ = [
     "EvalSpec",
     "JudgeVerdict",
     "LlmJudge",
+    "Recipe",
+    "RunError",
     "agreement",
     "append_result",
+    "episode_pool",
     "gold_text",
     "instance_for",
     "instance_seed",

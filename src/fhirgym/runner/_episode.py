@@ -135,6 +135,6 @@ def run_episode(key: EpisodeKey, inst: Instance, agent, config: Config | str = "
         "expected_changes": [e.describe() for e in inst.gold.expects],
         "messages": result.messages, "tool_calls": [c.to_json(full=True) for c in calls],
         "diff": [c.to_json() for c in verdict.changes], "verdict": verdict.to_json(),
-        "traceback": trace,
+        "model_requests": result.requests, "traceback": trace,
     }
     return line, transcript

@@ -2,7 +2,8 @@
 
 ``run_eval(EvalSpec(...))`` plans the episodes, skips those already in ``results.jsonl`` when resuming,
 runs the rest (``parallel`` at a time, each an :class:`~fhirgym.env.Episode` on its own store forked
-from the task instance's pre-run snapshot) and appends one line per finished episode (docs/RESULTS.md).
+from the task instance's pre-run snapshot; in this process, or on Ray with ``ray=``: ``_dispatch.py``,
+``_ray.py``) and appends one line per finished episode (docs/RESULTS.md).
 
 A sealed run (``sealed=True``) derives every instance's seed from a secret drawn at the start
 (HMAC-SHA256 of ``task_id|seed``): public code plus the public seeds cannot rebuild the gold while the
@@ -15,10 +16,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from importlib.metadata import version
@@ -29,10 +28,11 @@ import orjson
 from .._defaults import QA_PER_TEMPLATE
 from ..agents import DEFAULT_MODEL, MODEL_AGENTS, default_iterations, make_agent, needs_model
 from ..env import Config, UnknownConfig, configs, get_config
-from ..tasks import Instance, TaskWorld, make_instance, select
+from ..tasks import Instance, TaskWorld, select
 from ..world import world_sha256
-from ._episode import EpisodeKey, run_episode
-from ._results import RESULTS, append_result, read_results, write_atomic
+from ._dispatch import EpisodeRunner, Recipe, ResultSink, RunError, ThreadPool
+from ._episode import EpisodeKey
+from ._results import RESULTS, read_results, write_atomic
 
 
 class EvalError(RuntimeError):
@@ -65,6 +65,16 @@ class EvalSpec:
     questions: Path | None = None  # qa: a question file (fhirgym qa build); default: built from the world
     per_template: int = QA_PER_TEMPLATE  # qa without a question file: questions built per template
     secret: str | None = field(default=None, repr=False)  # a sealed run's secret (hex), to replay or resume it
+    ray: str | None = None  # None: episodes run in this process; else on Ray ("": ray.init()'s own choice)
+    max_attempts: int | None = None  # an OpenAI(-compatible) model: requests per call at most (None: 8)
+    retry_budget: float | None = None  # ... and seconds of waiting between them per call (None: 600)
+
+    def agent_settings(self) -> tuple:
+        """What builds the agent, anywhere: ``make_agent(*settings[:4], **settings[4])``."""
+        backend = {k: v for k in ("max_attempts", "retry_budget") if (v := getattr(self, k)) is not None}
+        if backend and not str(self.model or "").startswith(("openai/", "openai-compatible/")):
+            raise EvalError("--max-attempts and --retry-budget are for openai/ and openai-compatible/ models")
+        return self.agent, self.model, self.base_url, self.max_iterations, backend
 
     def __post_init__(self) -> None:
         if self.max_iterations is None:
@@ -143,20 +153,9 @@ def qa_questions(spec: EvalSpec, world: TaskWorld) -> dict[str, list]:
 
 
 def instance_for(spec: EvalSpec, world: TaskWorld, key: EpisodeKey) -> Instance:
-    """The task instance an episode of ``plan(spec)`` runs on (its reference solution computed here, once,
-    not in parallel episodes): the one home of key → instance for every runner of episodes."""
-    if spec.track == "qa":
-        from ..tasks.qa import qa_instance
-
-        inst = qa_instance(qa_questions(spec, world)[key.task_id[3:]][key.seed], world)
-    else:
-        inst = make_instance(key.task_id, instance_seed(spec, key.task_id, key.seed), world)
-    if key.paraphrase:
-        from ..tasks import cached_paraphrase, offline_paraphrase
-
-        inst = (offline_paraphrase if spec.written_paraphrases else cached_paraphrase)(inst, key.paraphrase)
-    inst.reference  # noqa: B018
-    return inst
+    """The task instance an episode of ``plan(spec)`` runs on (its reference solution computed with it):
+    ``recipe(spec, key, world)`` built, the one home of key → instance for every runner of episodes."""
+    return recipe(spec, key, world).build(world)
 
 
 def _seal(spec: EvalSpec) -> None:
@@ -212,12 +211,13 @@ def _prepare_dir(spec: EvalSpec, world: TaskWorld, config: Config) -> set[str]:
 
 
 def run_eval(spec: EvalSpec, world: TaskWorld, progress: Callable[[dict, int, int], None] | None = None,
-             agent=None, config: Config | None = None) -> list[dict]:
+             agent=None, config: Config | None = None, log: Callable[[str], None] | None = None) -> list[dict]:
     """Run (or resume) the evaluation; returns every result line of the directory.
 
-    ``agent``: an agent object to use instead of building one from ``spec.agent`` (tests, notebooks).
-    ``config``: the configuration object to use for ``spec.config`` instead of the registered one (an
-    experiment binds a memory configuration to a different memory per setting, side by side)."""
+    ``agent``: an agent object to use instead of building one from ``spec.agent`` (tests, notebooks; on
+    Ray it is pickled to the workers). ``config``: the configuration object to use for ``spec.config``
+    instead of the registered one (an experiment binds a memory configuration to a different memory per
+    setting, side by side). ``log``: where notes on the run's execution go (Ray's workers, retries)."""
     try:
         config = config or get_config(spec.config)
     except UnknownConfig as exc:
@@ -228,59 +228,61 @@ def run_eval(spec: EvalSpec, world: TaskWorld, progress: Callable[[dict, int, in
     _seal(spec)
     done = _prepare_dir(spec, world, config)
     try:
-        return _run(spec, world, config, keys, done, progress, agent)
+        return _run(spec, world, config, keys, done, progress, agent, log)
     finally:
         if spec.sealed:
             _reveal(spec)
 
 
-def _run(spec: EvalSpec, world: TaskWorld, config, keys: list[EpisodeKey], done: set[str],
-         progress: Callable[[dict, int, int], None] | None, agent) -> list[dict]:
-    todo = [k for k in keys if k.id not in done]
-    if agent is None:
-        agent = make_agent(spec.agent, spec.model, spec.base_url, spec.max_iterations)
+def recipe(spec: EvalSpec, key: EpisodeKey, world: TaskWorld) -> Recipe:
+    """What builds the instance of episode ``key`` (a sealed run's seeds are derived here, on the driver)."""
+    if spec.track == "qa":
+        return Recipe(key.task_id, key.seed, question=qa_questions(spec, world)[key.task_id[3:]][key.seed])
+    return Recipe(key.task_id, instance_seed(spec, key.task_id, key.seed), key.paraphrase, spec.written_paraphrases)
+
+
+def run_label(spec: EvalSpec) -> str | None:
+    """The ``model`` field of the run's result lines."""
     model = spec.model if needs_model(spec.agent) else None
     if model is None and spec.agent in MODEL_AGENTS:
         model = DEFAULT_MODEL
-    instances: dict[tuple[str, int, int], Instance] = {}
-    lock = threading.Lock()
+    return model
 
-    def instance(key: EpisodeKey) -> Instance:
-        ik = (key.task_id, key.seed, key.paraphrase)
-        with lock:
-            if ik not in instances:
-                instances[ik] = instance_for(spec, world, key)
-            return instances[ik]
 
-    # --budget, else what the agent's model can afford (a local model: less), else the tools' default
-    budget = spec.budget or getattr(getattr(agent, "backend", None), "tool_budget", None)
+def episode_pool(world: TaskWorld, agent, config: Config, *, parallel: int = 1, ray: str | None = None,
+                 options: dict | None = None, log: Callable[[str], None] | None = None):
+    """Where episodes run: ``parallel`` threads of this process, or, with ``ray`` (an address; "": ray.init()'s
+    own choice), the workers of a Ray cluster. ``agent``: an agent object, or its settings (agent, model,
+    base_url, max_iterations[, backend options]), which Ray workers build it from. ``options``: :class:`EpisodeRunner`'s.
+    ``pool.submit(key, recipe, config=None, then=None)`` gives a Future of (line, transcript);
+    ``pool.stream(work, then)`` the outcomes of (key, recipe) pairs as they finish."""
+    if ray is not None:
+        try:
+            from ._ray import RayPool
+        except ImportError as exc:
+            raise EvalError(str(exc)) from None
+        return RayPool(world, agent, config, parallel=parallel, address=ray, options=options, log=log)
+    if isinstance(agent, tuple):
+        agent = make_agent(*agent[:4], **(agent[4] if len(agent) > 4 else {}))
+    return ThreadPool(EpisodeRunner(world, agent, config, capacity=2 * parallel + 16, **(options or {})), parallel)
 
-    def one(key: EpisodeKey) -> dict:
-        line, transcript = run_episode(key, instance(key), agent, config, setting=spec.setting, model=model,
-                                       budget=budget, max_iterations=spec.max_iterations,
-                                       unsafe_python=spec.unsafe_python)
-        write_atomic(spec.out / line["transcript"], transcript)
-        append_result(spec.out, line)
-        return line
 
-    finished = 0
-    total = len(todo)
-    if spec.parallel <= 1:
-        for key in todo:
-            line = one(key)
-            finished += 1
-            if progress:
-                progress(line, finished, total)
-    else:
-        with ThreadPoolExecutor(spec.parallel) as pool:
-            pending = {pool.submit(one, k) for k in todo}
-            while pending:
-                ready, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for fut in ready:
-                    line = fut.result()
-                    finished += 1
-                    if progress:
-                        progress(line, finished, total)
+def _run(spec: EvalSpec, world: TaskWorld, config, keys: list[EpisodeKey], done: set[str],
+         progress: Callable[[dict, int, int], None] | None, agent, log) -> list[dict]:
+    todo = [k for k in keys if k.id not in done]
+    sink = ResultSink(spec.out, done)
+    work = [(k, recipe(spec, k, world)) for k in todo]
+    options = {"setting": spec.setting, "model": run_label(spec), "budget": spec.budget,
+               "max_iterations": spec.max_iterations, "unsafe_python": spec.unsafe_python}
+    try:
+        agent = agent if agent is not None else spec.agent_settings()
+        with episode_pool(world, agent, config, parallel=spec.parallel, ray=spec.ray, options=options,
+                          log=log) as pool:
+            for finished, (line, _) in enumerate(pool.stream(work, sink.write), 1):
+                if progress:
+                    progress(line, finished, len(todo))
+    except RunError as exc:  # the open-files limit; the cluster: no traceback, what to do
+        raise EvalError(str(exc)) from exc
     return read_results(spec.out)
 
 
@@ -325,5 +327,5 @@ def progress_line(line: dict, finished: int, total: int, started: float, counts:
             f"{elapsed:5.0f}s elapsed, ~{eta:4.0f}s left  {line['task_id'][:40]:40}")
 
 
-__all__ = ["RESULTS", "EvalError", "EvalSpec", "instance_for", "instance_seed", "plan", "progress_line", "run_eval",
-           "summary"]
+__all__ = ["RESULTS", "EvalError", "EvalSpec", "episode_pool", "instance_for", "instance_seed", "plan", "progress_line",
+           "recipe", "run_eval", "summary"]

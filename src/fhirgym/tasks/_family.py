@@ -30,6 +30,7 @@ from ._answer import NOT_FOUND, AnswerSpec, render
 from ._diff import Change, Mark, diff, mark
 from ._evidence import looked_at
 from ._expect import Expect, match
+from ._split import heldout_split
 
 CATEGORIES = ("records", "billing", "scheduling", "orders", "clinical")
 CATEGORY_TITLES = {"records": "Patient records", "billing": "Insurance & billing",
@@ -543,7 +544,8 @@ DEFAULT_SUBSET = ("records.find_patient", "billing.find_coverage", "scheduling.b
 
 def select(selector: str | None, among: list[Family] | None = None) -> list[Family]:
     """Families matching a selector: comma-separated ids, globs (``scheduling.*``), categories,
-    ``reads``/``writes``, ``d1``–``d3``, ``all`` or ``default``; a leading ``-`` excludes. ``among``:
+    ``reads``/``writes``, ``d1``–``d3``, ``split:train``/``split:eval`` (the held-out split's sides), ``all``
+    or ``default``; a leading ``-`` excludes. ``among``:
     the families to choose from (default: the registered ones; the QA track passes its templates')."""
     import fnmatch
 
@@ -565,6 +567,9 @@ def select(selector: str | None, among: list[Family] | None = None) -> list[Fami
             hits = [f for f in every if f.category == term]
         elif term in ("reads", "writes"):
             hits = [f for f in every if f.writes == (term == "writes")]
+        elif term in ("split:train", "split:eval"):  # a side of the held-out split (tasks.heldout_split)
+            side = set(heldout_split()[term.split(":")[1]])
+            hits = [f for f in every if f.id in side]
         elif len(term) == 2 and term[0] == "d" and term[1] in "123":
             hits = [f for f in every if f.difficulty == int(term[1])]
         else:
