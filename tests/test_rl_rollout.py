@@ -353,3 +353,33 @@ def test_trl_gates_its_correction_on_use_vllm_and_nothing_else_we_replace():
     assert "per_token_logps_diff = (old_per_token_logps - sampling_per_token_logps) * mask" in score
     loss = inspect.getsource(GRPOTrainer._compute_loss)
     assert 'per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]' in loss
+
+
+def test_what_generates_the_rollouts(tiny, tmp_path, monkeypatch):
+    """llama.cpp on the CPU for a GGUF base (a local model name, a .gguf path, a LoRA checkpoint on one),
+    decided from the name alone (nothing is fetched); TRL's generation for a Hugging Face model, on a GPU
+    unless llama.cpp is asked for, and always with vLLM (llama.cpp and vLLM together are refused)."""
+    from fhirgym.agents import _local, _weights
+    from fhirgym.rl import _policy
+    from fhirgym.rl._trainer import grpo_args, rollout_engine
+
+    for module in (_weights, _local, _policy):  # wherever a local model's file could be assembled
+        monkeypatch.setattr(module, "model_path", lambda name: pytest.fail(f"{name} would be fetched"))
+    spec = lambda **kw: TrainSpec(out=tmp_path, **kw)  # noqa: E731
+    assert rollout_engine(spec()) == rollout_engine(spec(model=str(tiny["ck"]))) == "llama.cpp"
+    assert rollout_engine(spec(model=str(tiny["base"]))) == "llama.cpp"
+    assert rollout_engine(spec(model="Qwen/Qwen2.5-Coder-0.5B-Instruct")) == "torch"
+    assert rollout_engine(spec(rollouts="torch")) == "torch"
+    assert rollout_engine(spec(device="cuda")) == "torch"
+    assert rollout_engine(spec(device="cuda", rollouts="llama.cpp")) == "llama.cpp"
+    assert rollout_engine(spec(device="cuda", model="Qwen/Qwen2.5-Coder-0.5B-Instruct", use_vllm=True)) == "torch"
+    with pytest.raises(ValueError, match="both generate"):
+        rollout_engine(spec(device="cuda", model="Qwen/Qwen2.5-Coder-0.5B-Instruct", use_vllm=True,
+                            rollouts="llama.cpp"))
+    with pytest.raises(ValueError, match="need a GGUF base"):
+        rollout_engine(spec(model="Qwen/Qwen2.5-Coder-0.5B-Instruct", rollouts="llama.cpp"))
+    args = grpo_args(spec())
+    assert (args["vllm_importance_sampling_correction"], args["vllm_importance_sampling_mode"],
+            args["vllm_importance_sampling_clip_max"], args["use_vllm"]) == (True, "token_truncate", 2.0, False)
+    with pytest.raises(ValueError, match="cap must be above 1"):
+        grpo_args(spec(is_cap=0.5))

@@ -129,7 +129,7 @@ def measure_curriculum(spec: CurriculumSpec, out: Path,
         if Path(spec.model).is_dir():  # a LoRA checkpoint: its adapter on the base, as training starts from it
             from ._export import write_lora_gguf
 
-            engine.use_adapter(write_lora_gguf(Path(spec.model), Path(work) / "start.gguf", base_gguf=base))
+            engine.use_adapter(write_lora_gguf(Path(spec.model), Path(work) / "start.gguf", base_gguf=engine.base))
         by_family = _start_policy(engine, rows, spec, progress)
         engine.use_adapter(None)
     families = {task: _family_figures(eps, spec) for task, eps in by_family.items()}

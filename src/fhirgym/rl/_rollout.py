@@ -59,7 +59,7 @@ from typing import Any
 
 import numpy as np
 
-from ..agents import LOCAL_MODELS, LocalBackend, model_path
+from ..agents import LOCAL_MODELS, LocalBackend
 from ..env import get_config
 from ._behaviour import behaviour_of
 from ._data import episode_for
@@ -72,14 +72,13 @@ IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
 F32 = 0  # GGML_TYPE_F32
 
 
-def rollout_base(model: str) -> Path | None:
+def rollout_base(model: str) -> str | None:
     """The GGUF llama.cpp samples from for a trainable ``model`` (a local model name, a ``.gguf`` path, or a
-    LoRA checkpoint of ours on one of those); None where there is none (a Hugging Face model)."""
-    if model in LOCAL_MODELS:
-        return model_path(model)
+    LoRA checkpoint of ours on one of those), as that name or path; None where there is none (a Hugging Face
+    model). Nothing is fetched here: a local model's file is assembled when the sampler first loads it."""
+    if model in LOCAL_MODELS or model.endswith(".gguf"):
+        return model
     path = Path(model)
-    if model.endswith(".gguf"):
-        return path
     if (path / "adapter_config.json").is_file():
         return rollout_base(base_of(path))
     return None
@@ -124,14 +123,13 @@ class LlamaRollouts:
     def __init__(self, base: str | Path, *, config: str = "baseline", seed: int = 0, n_ctx: int = 8192,
                  threads: int | None = None, grammar: bool = False, workdir: Path | None = None,
                  **llama_options: Any) -> None:
-        self.base = Path(base)
         self.config = config
         self.seed = seed
         self.grammar = grammar
         # an F32 KV cache: llama.cpp's default F16 would add its rounding to the mismatch, for little memory
         # (the 0.5B at 8,192 tokens: 200 MB instead of 100)
         llama_options = {"type_k": F32, "type_v": F32, **llama_options}
-        self.backend = LocalBackend(str(self.base), n_ctx=n_ctx, n_threads=threads, seed=seed, grammar=grammar,
+        self.backend = LocalBackend(str(base), n_ctx=n_ctx, n_threads=threads, seed=seed, grammar=grammar,
                                     example=False, compact=False, **llama_options)
         self.workdir = workdir
         self.trainer: Any = None
@@ -139,6 +137,11 @@ class LlamaRollouts:
         self._adapter: Path | None = None
 
     # -- weights ------------------------------------------------------------------------------------------
+
+    @property
+    def base(self) -> Path:
+        """The base GGUF file (a local model's assembled on first use)."""
+        return self.backend.path
 
     def bind(self, trainer: Any) -> None:
         """The trainer whose adapter :meth:`sync_weights` exports."""
