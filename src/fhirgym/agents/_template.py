@@ -11,19 +11,35 @@ checked token by token against the GBNF grammar with llama.cpp's grammar sampler
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import ctypes
-import functools
 import threading
 from typing import Any
 
 _lock = threading.Lock()
+_models: dict[str, Any] = {}
 
 
-@functools.cache
 def _vocab_model(path: str) -> Any:
-    from llama_cpp import Llama
+    """One vocab-only ``Llama`` per file and process, closed at exit (llama.cpp's own finalizers fail once
+    the interpreter has started tearing its modules down)."""
+    with _lock:
+        if path not in _models:
+            from llama_cpp import Llama
 
-    return Llama(model_path=path, vocab_only=True, verbose=False)
+            if not _models:
+                atexit.register(_close_all)
+            _models[path] = Llama(model_path=path, vocab_only=True, verbose=False)
+        return _models[path]
+
+
+def _close_all() -> None:
+    with _lock:
+        for model in _models.values():
+            with contextlib.suppress(Exception):
+                model.close()
+        _models.clear()
 
 
 class ChatTemplate:
