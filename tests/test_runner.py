@@ -151,6 +151,20 @@ def test_a_run_with_no_seed_is_refused_before_anything_runs(world, tmp_path):
     assert not (tmp_path / "cli").exists()
 
 
+def test_a_selector_that_matches_nothing_is_a_clear_error(world, tmp_path):
+    from click.testing import CliRunner
+
+    from fhirgym.cli import main
+
+    with pytest.raises(EvalError, match=r"no task matches 'nosuch\.family'"):
+        run_eval(EvalSpec(out=tmp_path, agent="null", tasks="records.*,nosuch.family", seeds=[0]), world)
+    out = CliRunner().invoke(main, ["eval", "--tasks", "nosuch.family", "--agent", "null",
+                                    "--out", str(tmp_path / "cli")])
+    assert out.exit_code == 1 and "no task matches 'nosuch.family'" in out.output
+    assert out.exception is None or isinstance(out.exception, SystemExit)  # no traceback
+    assert not (tmp_path / "cli" / "results.jsonl").exists()
+
+
 def test_resume_skips_finished_episodes_and_repairs_a_torn_tail(world, tmp_path):
     spec = EvalSpec(out=tmp_path, agent="reference", tasks="records.*", seeds=[0, 1])
     first = run_eval(spec, world)

@@ -126,7 +126,10 @@ def plan(spec: EvalSpec, world: TaskWorld | None = None) -> list[EpisodeKey]:
                 if seed < len(by_template[f.id[3:]]) for run in range(spec.runs)]
     if spec.track != "action":
         raise EvalError(f"unknown --track {spec.track!r}: action or qa")
-    fams = select(spec.tasks)
+    try:
+        fams = select(spec.tasks)
+    except KeyError as exc:  # a term that matches no family: the selector's own message
+        raise EvalError(f"--tasks: {exc.args[0]}") from None
     if not fams:
         raise EvalError(f"--tasks {spec.tasks!r} selects no task")
     ps = spec.paraphrase_ids if spec.paraphrase_ids is not None else range(spec.paraphrases + 1)
