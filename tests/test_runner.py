@@ -163,6 +163,10 @@ def test_a_selector_that_matches_nothing_is_a_clear_error(world, tmp_path):
     assert out.exit_code == 1 and "no task matches 'nosuch.family'" in out.output
     assert out.exception is None or isinstance(out.exception, SystemExit)  # no traceback
     assert not (tmp_path / "cli" / "results.jsonl").exists()
+    for args in (["tasks", "list"], ["tasks", "check", "--seeds", "1"]):  # the other commands that take --tasks
+        out = CliRunner().invoke(main, [*args, "--tasks", "records.*,nosuch.family"])
+        assert out.exit_code == 2 and "no task matches 'nosuch.family'" in out.output, args
+        assert isinstance(out.exception, SystemExit), args  # a usage error, no traceback
 
 
 def test_resume_skips_finished_episodes_and_repairs_a_torn_tail(world, tmp_path):

@@ -265,6 +265,16 @@ def _selector(selector: str | None, default: str) -> str:
     return ",".join(f.id for f in loaded) if loaded else default
 
 
+def _select_families(selector: str | None, default: str) -> list:
+    """--tasks resolved to families; a term that matches none is a usage error, never a traceback."""
+    from .tasks import select
+
+    try:
+        return select(_selector(selector, default))
+    except KeyError as exc:
+        raise click.BadParameter(exc.args[0], param_hint="'--tasks'") from None
+
+
 def _families_option(fn):
     return click.option("--families", "families_modules", multiple=True, callback=_load_families,
                         expose_value=False, metavar="PKG.MODULE",
@@ -283,9 +293,7 @@ def tasks() -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per family.")
 def tasks_list(selector: str | None, as_json: bool) -> None:
     """Every task family: id, category, difficulty, read/write, resource types."""
-    from .tasks import select
-
-    fams = select(_selector(selector, "all"))
+    fams = _select_families(selector, "all")
     rows = [{"id": f.id, "category": f.category, "difficulty": f.difficulty, "writes": f.writes,
              "resource_types": list(f.resource_types), "title": f.title} for f in fams]
     if as_json:
@@ -326,10 +334,10 @@ def tasks_check(selector: str | None, seeds: str, no_mutations: bool, table: boo
                 world_seed: int) -> None:
     """Run the reference, null and constant "nothing found" agents, the wrong mutations and the equivalent
     rewrites on every family × seed; non-zero exit on any problem."""
-    from .tasks import EQUIVALENTS, MUTATIONS, check, figures, select
+    from .tasks import EQUIVALENTS, MUTATIONS, check, figures
 
     world = _task_world(world_path, patients, world_seed)
-    fams = select(_selector(selector, "all"))
+    fams = _select_families(selector, "all")
     seed_list = _seeds(seeds)
     bad: list = []
 
@@ -396,7 +404,7 @@ def tasks_paraphrase(selector: str | None, seeds: str, count: int, model: str | 
                      world_path: Path | None, patients: int, world_seed: int) -> None:
     """Generate and cache paraphrased prompts (checked: every entity, date and the format survive)."""
     from .agents import DEFAULT_MODEL, make_backend
-    from .tasks import ParaphraseUnavailable, make_instance, paraphrase, select
+    from .tasks import ParaphraseUnavailable, make_instance, paraphrase
 
     model = model or DEFAULT_MODEL
     backend = make_backend(model, base_url=base_url)
@@ -406,7 +414,7 @@ def tasks_paraphrase(selector: str | None, seeds: str, count: int, model: str | 
 
     world = _task_world(world_path, patients, world_seed)
     failed = 0
-    for fam in select(_selector(selector, "all")):
+    for fam in _select_families(selector, "all"):
         for seed in _seeds(seeds):
             inst = make_instance(fam, seed, world)
             for k in range(1, count + 1):
