@@ -126,6 +126,37 @@ def test_adapter_applied_at_load_equals_peft_and_the_merged_gguf(tiny):
     assert np.array_equal(_reference(tiny["base"], tokens, lora=tiny["adapter1"]), adapted)
 
 
+def test_trained_head_rows_reach_llama_cpp_exactly(tiny):
+    """``rl sft`` trains the output head's rows of special tokens (PEFT's ``trainable_token_indices``): the
+    adapter carries them as a rank-k LoRA of ``output.weight`` after the blocks, so llama.cpp's logits equal
+    PEFT's; the merged GGUF holds them in its head."""
+    from gguf import GGUFReader
+    from peft import LoraConfig, get_peft_model
+
+    root, tokens = tiny["root"], tiny["tokens"]
+    net, _ = load_policy(str(tiny["base"]))
+    rows = [3, 7, 40]
+    peft = get_peft_model(net, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=TARGETS,
+                                          trainable_token_indices={"lm_head": rows}))
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, param in peft.named_parameters():
+            if "lora_" in name or "trainable_tokens_delta" in name:
+                param.add_(torch.randn(param.shape, generator=gen) * 0.3)
+    peft.save_pretrained(str(root / "ck-head"))
+    (root / "ck-head" / "fhirgym_base.json").write_text(json.dumps({"model": str(tiny["base"])}))
+    adapter = write_lora_gguf(root / "ck-head", root / "adapter-head.gguf")
+    merged = merge_into_gguf(root / "ck-head", root / "merged-head.gguf")
+    names = [t.name for t in GGUFReader(str(adapter)).tensors]
+    assert names[-2:] == ["output.weight.lora_a", "output.weight.lora_b"] and len(names) == 2 * (2 * 4 + 1)
+    adapted, want = _reference(tiny["base"], tokens, lora=adapter), _peft(peft.eval(), tokens)
+    with peft.disable_adapter():
+        base = _peft(peft, tokens)
+    moved = np.abs(want - base)[:, rows].max()
+    assert moved > 1.0 and np.abs(adapted - want).max() < PEFT_TOL
+    assert np.abs(adapted - _reference(merged, tokens)).max() < moved / 50
+
+
 def test_a_swap_takes_the_new_adapter_and_reuses_no_stale_prefix(tiny):
     """Through chat(), where llama-cpp-python reuses the KV of a common prefix: a repeated prompt reuses it;
     after use_lora the same prompt is evaluated afresh and scores as the second adapter's PEFT model and

@@ -21,11 +21,13 @@ from fhirgym.rl import (
     Selection,
     SftSpec,
     expert_trajectory,
+    load_policy,
     read_trajectories,
     sft,
     write_lora_gguf,
     write_trajectories,
 )
+from fhirgym.rl._sft import special_targets
 from fhirgym.rl._trajectories import action_turns
 from fhirgym.runner import EpisodeKey, run_episode
 from fhirgym.tasks import TaskWorld, heldout_split, make_instance
@@ -165,6 +167,11 @@ def test_tiny_model_learns_the_trajectories_and_its_adapter_runs_on_llama_cpp(wo
     assert record["trajectories"][0]["selection"]["tasks"] == ",".join(FAMILIES)
     assert record["trajectories"][0]["sha256"] == manifest["sha256"] and summary["trajectories"] == 4
     assert (tmp_path / "run" / "curve.png").is_file() and (tmp_path / "run" / "checkpoint-10").is_dir()
+    # the head's rows of the special tokens the replies write (<tool_call>, <|im_end|>…) were trained too
+    trained = json.loads((tmp_path / "run" / "final" / "adapter_config.json").read_text())["trainable_token_indices"]
+    assert record["settings"]["head"] and trained["lm_head"] == special_targets(
+        [{"labels": t.labels} for t in read_trajectories(tmp_path / "data")], load_policy(str(tiny))[1])
+    assert trained["lm_head"]  # the tiny vocabulary spells the tags in bytes: its end-of-turn token
     adapter = write_lora_gguf(tmp_path / "run" / "final", tmp_path / "tuned.gguf", base_gguf=tiny)
     tuned = LocalBackend(str(tiny), n_ctx=512, n_threads=1, lora=str(adapter), grammar=False)
     reply = tuned.chat([{"role": "user", "content": "hello"}], max_tokens=4)

@@ -1060,6 +1060,8 @@ def rl_trajectories(track: str, split: str, selector: str, per_family: int, mode
 @click.option("--steps", type=int, default=-1, show_default=True, help="Optimiser steps (> 0: instead of epochs).")
 @click.option("--lr", default=2e-4, show_default=True)
 @click.option("--lora-r", default=16, show_default=True)
+@click.option("--head/--no-head", default=True, show_default=True,
+              help="Adapt the output head too (the base never writes Qwen's <tool_call> token otherwise).")
 @click.option("--grad-accum", default=4, show_default=True, help="Trajectories per optimiser step.")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
               help="Base weights (auto: bfloat16 where the CPU has it); LoRA and the output head stay float32.")
@@ -1070,7 +1072,7 @@ def rl_trajectories(track: str, split: str, selector: str, per_family: int, mode
 @click.option("--time-limit", type=float, default=None, help="Minutes of training, then save as usual.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
 def rl_sft(data: tuple[Path, ...], valid: Path | None, model: str, epochs: float, steps: int, lr: float, lora_r: int,
-           grad_accum: int, dtype: str, save_steps: int, seed: int, threads: int | None, resume: bool,
+           head: bool, grad_accum: int, dtype: str, save_steps: int, seed: int, threads: int | None, resume: bool,
            time_limit: float | None, out: Path) -> None:
     """Behaviour cloning: TRL's SFTTrainer with LoRA on expert trajectories, the loss on the model's own
     replies only (needs `pip install 'fhirgym[rl]'`). Writes checkpoints, curve.jsonl/png, final/ and
@@ -1082,7 +1084,7 @@ def rl_sft(data: tuple[Path, ...], valid: Path | None, model: str, epochs: float
     except ImportError as exc:
         raise click.ClickException(f"rl sft needs the rl extra: pip install 'fhirgym[rl]' ({exc})") from None
     spec = SftSpec(out=out, data=list(data), valid=valid, model=model, epochs=epochs, max_steps=steps, lr=lr,
-                   lora_r=lora_r, grad_accum=grad_accum, dtype=dtype, save_steps=save_steps, seed=seed,
+                   lora_r=lora_r, head=head, grad_accum=grad_accum, dtype=dtype, save_steps=save_steps, seed=seed,
                    threads=threads, resume=resume, time_limit_min=time_limit, command=" ".join(sys.argv))
     try:
         summary = sft(spec)

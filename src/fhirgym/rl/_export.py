@@ -1,24 +1,13 @@
-"""Serve a trained LoRA checkpoint to ``fhirgym eval``: merge it into the GGUF it was trained from.
+"""Serve a trained LoRA checkpoint to ``fhirgym eval``: as a llama.cpp adapter GGUF, or merged into its base.
 
-A checkpoint of ``fhirgym rl train`` on a GGUF base (the default) is a LoRA adapter over the attention
-projections. :func:`merge_into_gguf` writes a new GGUF: every tensor and every metadata key of the base
-file copied as it is (quantised blocks stay quantised, the tokenizer and chat template come along),
-except the adapted projections, which become ``W + (alpha / r) · B·A`` in F16, ``W`` dequantised by the
-``gguf`` package. Qwen2's GGUF tensors are HF's matrices unpermuted (transformers' GGUF loader applies no
-permutation for ``qwen2``), so ``blk.N.attn_q.weight`` is ``model.layers.N.self_attn.q_proj.weight``.
-The result runs on llama.cpp: ``fhirgym eval --agent react --model local/OUT.gguf``. For a base that is
-not a GGUF, :func:`merge_to_hf` writes a merged Hugging Face directory (llama.cpp's
-``convert_hf_to_gguf.py`` turns that into a GGUF; fhirgym does not ship it).
-
-:func:`write_lora_gguf` writes the adapter itself as a llama.cpp LoRA GGUF instead (what llama.cpp's
-``convert_lora_to_gguf.py`` writes, without needing the base's Hugging Face config): ``general.type``
-``adapter``, ``adapter.type`` ``lora``, ``adapter.lora.alpha``, and per adapted tensor
-``<base tensor name>.lora_a`` / ``.lora_b`` holding PEFT's ``lora_A`` (r × in) and ``lora_B`` (out × r)
-unchanged in F32; llama.cpp adds ``scale · (alpha / r) · B(A x)`` to that tensor's product (``r`` read
-from ``lora_b``), which is PEFT's forward. A base then loads once and adapters are swapped on it
-(:meth:`fhirgym.agents.LocalBackend.use_lora`). The base is checked from its header alone
-(:func:`gguf_header`): ``gguf``'s ``GGUFReader`` turns every element of the 150k-entry Qwen vocabulary
-into numpy views, 20 s per read on this machine, too slow to export an adapter every training step.
+:func:`write_lora_gguf` writes what llama.cpp's ``convert_lora_to_gguf.py`` writes, without needing the
+base's Hugging Face config: PEFT's A and B unchanged in F32 under the base's tensor names, so llama.cpp's
+``scale · (alpha / r) · B(A x)`` is PEFT's forward, and a base loads once while adapters are swapped on it.
+Trained rows of the output head (``rl sft``, :func:`head_rows`) travel as an exact rank-k LoRA of
+``output.weight``. :func:`merge_into_gguf` copies every tensor and key of the base and writes the adapted
+matrices in F16; :func:`merge_to_hf` merges into a Hugging Face directory for a base that is no GGUF. The
+base is checked from its header alone (:func:`gguf_header`): ``GGUFReader`` takes 20 s on Qwen's 150k
+vocabulary, too slow for an export every training step. docs/RL.md, "Serving a checkpoint".
 """
 
 from __future__ import annotations
@@ -35,6 +24,7 @@ from ..agents import LOCAL_MODELS, model_path
 #: PEFT module name → GGUF tensor name (Qwen2/Llama layout).
 _GGUF_NAMES = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output"}
 _KEY = re.compile(r"layers\.(\d+)\.self_attn\.(q_proj|k_proj|v_proj|o_proj)\.lora_([AB])\.weight$")
+_HEAD_ROWS = "lm_head.token_adapter.trainable_tokens_delta"  # PEFT's trainable rows of the output head
 
 
 def base_of(checkpoint: Path) -> str:
@@ -60,6 +50,8 @@ def lora_pairs(checkpoint: Path) -> tuple[dict[str, tuple[Any, Any]], float]:
     weights = load_file(str(checkpoint / "adapter_model.safetensors"))
     parts: dict[str, dict[str, Any]] = {}
     for key, value in weights.items():
+        if key.endswith(_HEAD_ROWS):
+            continue  # head_rows reads it
         m = _KEY.search(key)
         if not m:
             raise ValueError(f"adapter tensor {key!r} is not a LoRA of an attention projection "
@@ -76,6 +68,36 @@ def lora_pairs(checkpoint: Path) -> tuple[dict[str, tuple[Any, Any]], float]:
     if float(config["lora_alpha"]) <= 0:  # llama.cpp reads alpha 0 as "unscaled", PEFT as a zero update
         raise ValueError(f"lora_alpha {config['lora_alpha']}: must be > 0")
     return pairs, float(config["lora_alpha"])
+
+
+def head_rows(checkpoint: Path) -> tuple[list[int], Any] | None:
+    """``(token ids, their new output-head rows)`` (float32, k × hidden) a checkpoint trained with PEFT's
+    ``trainable_token_indices`` on ``lm_head`` (``rl sft``), else None; rows of any other layer are refused."""
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    config = json.loads((checkpoint / "adapter_config.json").read_text())
+    targets = config.get("trainable_token_indices") or {}
+    if not targets:
+        return None
+    if set(targets) != {"lm_head"}:
+        raise ValueError(f"trainable tokens of {sorted(targets)}: only the output head's (lm_head) are supported")
+    rows = [v for k, v in load_file(str(checkpoint / "adapter_model.safetensors")).items() if k.endswith(_HEAD_ROWS)]
+    ids = [int(i) for i in targets["lm_head"]]
+    if len(rows) != 1 or rows[0].shape[0] != len(ids):
+        raise ValueError(f"the checkpoint's head rows do not match its {len(ids)} trainable token ids")
+    return ids, rows[0].astype(np.float32)
+
+
+def _output_weight(reader: Any) -> Any:
+    """The base's output head (float32, vocabulary × hidden), dequantised."""
+    import numpy as np
+    from gguf.quants import dequantize
+
+    for t in reader.tensors:
+        if t.name == "output.weight":
+            return dequantize(t.data, t.tensor_type).astype(np.float32)
+    raise ValueError("the base GGUF has no output.weight (a tied head): its trained rows cannot be exported")
 
 
 def lora_deltas(checkpoint: Path) -> dict[str, Any]:
@@ -106,6 +128,18 @@ def write_lora_gguf(checkpoint: Path, out: Path, base_gguf: Path | None = None) 
             raise ValueError(f"the base GGUF has no tensor {name}: not the checkpoint's base")
         if shapes[name] != (a.shape[1], b.shape[0]):
             raise ValueError(f"{name}: base (in, out) {shapes[name]} vs adapter {(a.shape[1], b.shape[0])}")
+    rows = head_rows(checkpoint)
+    if rows is not None:
+        import numpy as np
+        from gguf import GGUFReader
+
+        # new rows R at ids = W + S·(R - W[ids]), S the ids' one-hot columns: a LoRA of rank k = len(ids),
+        # B = S, A = (R - W[ids]) · k / alpha against llama.cpp's alpha / r scale; exact, whatever W's quants
+        ids, new = rows
+        old = _output_weight(GGUFReader(str(base_gguf or _base_gguf(checkpoint))))[ids]
+        select = np.zeros((shapes["output.weight"][1], len(ids)), np.float32)
+        select[ids, range(len(ids))] = 1.0
+        pairs["output.weight"] = ((new - old) * (len(ids) / alpha), select)
     writer = GGUFWriter(str(out), arch=arch)
     writer.add_type(GGUFType.ADAPTER)
     writer.add_string(Keys.Adapter.TYPE, "lora")
@@ -169,7 +203,9 @@ def gguf_header(path: Path) -> tuple[str, dict[str, tuple[int, ...]]]:
 
 
 def _tensor_order(name: str) -> tuple[int, str]:
-    return int(name.split(".")[1]), name
+    """Blocks in layer order, then the output head (GGUF's own order)."""
+    parts = name.split(".")
+    return (int(parts[1]) if parts[0] == "blk" else 1 << 30), name
 
 
 def merge_into_gguf(checkpoint: Path, out: Path, base_gguf: Path | None = None) -> Path:
@@ -195,6 +231,11 @@ def merge_into_gguf(checkpoint: Path, out: Path, base_gguf: Path | None = None) 
             if w.shape != deltas[t.name].shape:
                 raise ValueError(f"{t.name}: base {w.shape} vs adapter {deltas[t.name].shape}")
             merged[t.name] = (w + deltas[t.name]).astype(np.float16)
+    rows = head_rows(checkpoint)
+    if rows is not None:
+        head = _output_weight(reader)
+        head[rows[0]] = rows[1]
+        merged["output.weight"] = head.astype(np.float16)
     missing = set(deltas) - set(merged)
     if missing:
         raise ValueError(f"the base GGUF has no tensors {sorted(missing)[:3]}…: not the checkpoint's base")

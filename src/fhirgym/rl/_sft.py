@@ -1,16 +1,11 @@
-"""Behaviour cloning: TRL's ``SFTTrainer`` with LoRA on the expert trajectories.
+"""Behaviour cloning: TRL's ``SFTTrainer`` with LoRA on the expert trajectories (docs/TRAINING.md).
 
-The data are :mod:`._trajectories`' token streams, so nothing is tokenised again: ``input_ids`` are the
-conversation as llama.cpp is shown it and ``labels`` hold the model's own replies (each ending with its
-end-of-turn token) and -100 everywhere else — system prompt, tools, request and tool results are context,
-never targets. The loss is computed on the labelled positions only (``logits_to_keep``): the output head
-of a 151,936-word vocabulary over every position of a 3,000-token conversation was most of a step's
-compute and memory on the CPU, for positions that do not count.
-
-Checkpoints (``checkpoint-N``, ``final/``) are LoRA adapters with ``fhirgym_base.json`` (what ``rl export``
-needs) and ``fhirgym_sft.json``: what the model was trained on — the trajectories' manifest (families,
-seeds, world, commit, the data's sha256) and the training settings. ``curve.jsonl``/``curve.png`` hold the
-loss per optimiser step.
+The data are :mod:`._trajectories`' token streams, never tokenised again: ``labels`` hold the model's own
+replies and -100 everywhere else. The loss reads the head at the labelled positions only
+(``logits_to_keep``): the 151,936-word head over every position was most of a CPU step. Beside the LoRA,
+the head's rows of the special tokens the replies write are trained (``head``): the base never writes
+``<tool_call>``, and attention-only LoRA barely reaches it. Checkpoints record what they were trained on
+(``fhirgym_sft.json``) beside what ``rl export`` needs (``fhirgym_base.json``).
 """
 
 from __future__ import annotations
@@ -57,6 +52,7 @@ class SftSpec:
     max_steps: int = -1  # > 0: stop there (else the epochs decide)
     lr: float = 2e-4
     lora_r: int = 16
+    head: bool = True  # adapt the output head too (see the module docstring)
     grad_accum: int = 4  # trajectories per optimiser step (one at a time: no padding)
     dtype: str = "auto"  # bfloat16 where the CPU has it, else float32
     save_steps: int = 25
@@ -76,6 +72,17 @@ class SftSpec:
 
 def _rows(paths: list[Path]) -> list[dict]:
     return [{"input_ids": t.input_ids, "labels": t.labels} for p in paths for t in read_trajectories(p)]
+
+
+def special_targets(rows: list[dict], tokenizer: Any) -> list[int]:
+    """The tokenizer's added (special) tokens among the labelled ones: the head rows ``head`` trains.
+
+    Under the base 0.5B, ``<tool_call>`` opening a reply has log p ≈ -20; after half an epoch of
+    attention-only LoRA it was ≈ -10 and the model opened its replies with ``<|im_start|>``. Training the
+    rows themselves (PEFT's ``trainable_token_indices``) moves them directly; TRL refuses a LoRA on
+    ``lm_head`` (its own loss reads the head's weight) and one would change every row."""
+    added = set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
+    return sorted({t for r in rows for t in r["labels"] if t in added})
 
 
 def _trainer_class():
@@ -157,10 +164,13 @@ def build_sft(spec: SftSpec, model: Any = None, tokenizer: Any = None) -> Any:
                      dataloader_num_workers=0, remove_unused_columns=False, disable_tqdm=False,
                      max_length=None, eval_strategy="epoch" if valid is not None else "no",
                      gradient_checkpointing=False)
+    head_tokens = special_targets(rows, tokenizer) if spec.head else []
     lora = LoraConfig(r=spec.lora_r, lora_alpha=2 * spec.lora_r, lora_dropout=0.0, target_modules=list(LORA_TARGETS),
-                      task_type="CAUSAL_LM")
+                      trainable_token_indices={"lm_head": head_tokens} if head_tokens else None, task_type="CAUSAL_LM")
     trainer = _trainer_class()(model=model, args=args, train_dataset=Dataset.from_list(rows), eval_dataset=valid,
                                processing_class=tokenizer, peft_config=lora)
+    if head_tokens:  # PEFT's row layer multiplies by the head's float32 weight itself, past fp32_logits' cast
+        trainer.model.get_output_embeddings().register_forward_pre_hook(lambda _m, a: (a[0].float(), *a[1:]))
 
     class RecordEachCheckpoint(TrainerCallback):
         def on_save(self, args, state, control, **kwargs):
