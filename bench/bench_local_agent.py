@@ -1,6 +1,6 @@
 """Seconds per episode of the ReAct agent on an embedded local model, per prompting setting (issue 17).
 
-Runs the tasks (default: three of the README's default subset, seed 0) once per setting and prints, per
+Runs the tasks (default: three of the default subset, seed 0) once per setting and prints, per
 setting: episodes passed (strict), episodes with ≥ 1 valid tool call, mean turns, mean completion tokens,
 inference seconds per episode (without waiting for the machine-wide inference lock) and wall seconds. Settings are ``grammar``/``example`` on or off (the 2 × 2
 ablation); ``--settings plain`` is the pre-issue-17 behaviour as far as the current backend can reproduce

@@ -1,27 +1,12 @@
 """The grammar a local model's turn is generated under: tool calls that exist, or a final answer.
 
 Small models given free rein rewrote the tool definitions as XML, wrapped calls in Markdown fences or
-answered before looking anything up (issue 17). Under this GBNF grammar a turn can only be
-
-* when enabled, a bounded line of reasoning (no ``<``, ``{``, backtick: nothing that could be mistaken
-  for markup, a call or an answer), then
-* one or more calls in Qwen's native form ``<tool_call>\\n{"name": N, "arguments": A}\\n</tool_call>``
-  with N one of the episode's tools and A valid against N's JSON schema, or
-* where the tools include ``python`` (CodeAct), one fenced ```` ```python ```` block, which the agent runs
-  through that tool (the CodeAct prompt asks for code; a grammar without this branch left the model only
-  JSON calls), or
-* the final answer ``<answer>{...}</answer>`` valid against the task's answer schema (any JSON object when
-  the task states none, or a short plain sentence for tasks that only ask for changes).
-
-A ``resourceId`` argument is **grounded**: it must be an id the episode has shown the model (in the task
-or a tool result; :func:`seen_ids`), and tools that need one are left out until there is one. Without this
-the 1.5B read, updated or deleted ids it made up (``Patient/p-41`` from the worked example, ``a-123``) in
-31 of 65 episodes, got a 404 and answered.
-
-The argument grammars come from llama-cpp-python's own JSON-schema converter (one converter for all
-tools, so the JSON primitives are shared): object keys in schema order, required ones first, single
-spaces only. After the grammar's last character only an end-of-turn token is allowed, which is what
-bounds a reply. llama.cpp checks the grammar while sampling, so a malformed call cannot be produced.
+answered before looking anything up. Under this GBNF grammar a turn is an optional bounded line of
+reasoning, then calls in Qwen's native ``<tool_call>`` form of the episode's tools with arguments valid
+against their schema, or (with ``python``) one fenced code block, or the final ``<answer>`` in the task's
+format; only an end-of-turn token may follow. A ``resourceId`` must be an id the episode has shown
+(:func:`seen_ids`): without that the 1.5B made ids up in 31 of 65 episodes. The argument grammars come from
+llama-cpp-python's own JSON-schema converter. docs/LOCAL-AGENT.md has the options and what they bought.
 """
 
 from __future__ import annotations

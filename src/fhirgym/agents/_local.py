@@ -1,37 +1,13 @@
 """Local models through llama.cpp (``llama-cpp-python``), with the model's own chat template.
 
-Path A of PACKAGES.md §1.5: the GGUF's Jinja template receives the OpenAI ``tools`` and renders them the
-way the model was trained; the model answers in text and :func:`parse_tool_calls` recovers the call.
-One ``Llama`` per model file per process, shared by every backend object and guarded by a lock: the
-weights are loaded once, and consecutive calls reuse the KV cache of their common token prefix
-(llama-cpp-python does this itself as long as nothing resets the context between calls), so a growing
-agent conversation only prefills its new tail.
-
-A CPU model reads slowly, so the backend also says what it can afford (``tool_budget``,
-``max_reply_tokens``), and the runner and the ReAct agent keep to it: on this 2-core machine the 1.5B
-prefills ~37 tokens/s and decodes ~8, so one 12,000-character tool result (~3,500 tokens) costs ~95 s and
-a 1,024-token ramble ~2 min, while 4,000 characters (~30 s) still hold a page of search results.
-
-A LoRA adapter GGUF (``fhirgym rl export --adapter``) is applied on top of the base right after the base
-loads (``lora=``; model string ``local/<base>+<adapter>.gguf``), and :meth:`LocalBackend.use_lora` swaps it
-on the loaded base without reloading it (a GRPO rollout batch after each update): the new adapter is
-loaded and set on the context, the old one freed, and the KV cache and llama-cpp-python's prefix
-bookkeeping are cleared, since both were computed with the old weights. Instances are shared by base
-file, settings and adapter; a call always runs with its own backend's adapter (swapped back first if
-another backend on the same instance swapped it).
-
-:meth:`LocalBackend.sample_tokens` continues a token sequence by sampling from the plain distribution
-softmax(logits / temperature) and returns each sampled token's log-probability under it (an RL trainer's
-importance ratio needs exactly that number). llama-cpp-python reports log-probabilities only with
-``logits_all`` (an ``n_ctx × n_vocab`` float32 buffer: 2.5 GB for Qwen2.5 at 4,096 tokens) and only of
-the raw logits, and its custom-sampler hook runs before the grammar, so neither is the distribution it
-samples from. Here llama.cpp computes the logits and, under a grammar, which tokens its grammar sampler
-allows; the draw itself is one seeded inverse-CDF step over that distribution, so the reported
-log-probability is the sampling distribution's by construction (no top-k/top-p/min-p, no penalties).
-
-Calls that use every core also take a machine-wide file lock: llama.cpp's worker threads spin at barriers,
-so two such processes on the same cores slow each other down ~20x (measured: 0.7 tok/s instead of ~30
-while a second process decoded). Taking turns costs each caller only its wait.
+The GGUF's Jinja template renders the OpenAI ``tools`` the way the model was trained; the model answers in
+text and :func:`parse_tool_calls` recovers the call. One ``Llama`` per model file, settings and adapter per
+process, shared under a lock, so consecutive calls reuse the KV cache of their common prefix and a growing
+conversation prefills only its tail. A CPU model reads slowly, so the backend says what it can afford
+(``tool_budget``, ``max_reply_tokens``); LoRA adapters apply at load or swap on the loaded base;
+:meth:`LocalBackend.sample_tokens` samples with the exact log-probabilities an RL trainer needs; calls that
+use every core take a machine-wide lock (two llama.cpp processes on the same cores slow each other ~20x).
+How and why, with figures: docs/LOCAL-AGENT.md, "The backend".
 """
 
 from __future__ import annotations
@@ -138,7 +114,7 @@ class LocalBackend:
     ``tool_budget`` (characters per tool output) and ``max_reply_tokens`` are what a CPU model can afford
     (see the module docstring); an explicit ``--budget`` still wins.
 
-    Small-model prompting (issue 17), each switchable for ablations: ``grammar`` (every turn generated under
+    Small-model prompting, each switchable for ablations: ``grammar`` (every turn generated under
     :func:`~fhirgym.agents._grammar.turn_grammar`: native ``<tool_call>`` calls of existing tools with
     schema-valid arguments, or the final answer; ``reasoning`` > 0 allows that many characters of plain
     text before it (off by default: the 0.5B spent 50-77 tokens of such a line restating the call);

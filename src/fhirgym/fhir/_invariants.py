@@ -1,26 +1,12 @@
 """The error-level invariants of the R4 StructureDefinitions (``per-1``, ``app-3``, ``obs-6`` ...),
 evaluated with fhirpathpy on every validated write.
 
-Each constraint with severity ``error`` on a resource, datatype or backbone element is compiled once
-(per expression, lazily) and evaluated on every node of that element path, with ``%resource`` and
-``%rootResource`` bound to the resource holding it. A constraint fails only when its expression
-evaluates to ``false``; empty means "nothing to check" (FHIRPath). fhirpathpy 2.x lacks
-``hasValue()`` and ``resolve()``: both are supplied (``resolve()`` gives a node with the target's
-type and id, which is all the R4 constraints ask of it).
-
-Left to the structural validator (:mod:`._validate`), which checks them without FHIRPath and with
-better messages: ``ele-1`` (no empty elements), ``ext-1`` (an extension has a value or extensions),
-``dom-2`` to ``dom-5`` (contained resources), ``ref-1`` (``#id`` references resolve), and ``txt-1``/
-``txt-2`` (narrative XHTML, :mod:`._xhtml`: fhirpathpy has no ``htmlChecks()``).
-
-Speed: fhirpathpy costs 0.1-1 ms an evaluation. Most constraints are disjunctions (``A or B``,
-``A implies B``) whose terms test one element's presence (``code.empty()``, ``system.exists()``,
-``component.code.where(...).empty()`` when ``component`` is absent, or a CodeableConcept's coding of
-a given system and code, as in ``con-4``). :func:`shortcut` compiles those
-terms into dict lookups once per constraint: when a term decides the constraint (true), or every
-term is decided, fhirpathpy is not run. ``per-1`` (a Period's start <= end, on every Period) is
-written out in Python (:func:`_per_1`), with FHIRPath's rule for dates of different precisions.
-``tests/test_invariants.py`` holds both against fhirpathpy over a built world.
+Each ``error`` constraint is compiled once and evaluated on every node of its element path; it fails only
+when its expression is ``false`` (empty means nothing to check). fhirpathpy 2.x lacks ``hasValue()`` and
+``resolve()``: both are supplied. A few are left to :mod:`._validate`, which checks them without FHIRPath
+and with better messages. fhirpathpy costs 0.1-1 ms an evaluation, so :func:`shortcut` decides the common
+presence-test disjunctions with dict lookups and ``per-1`` is written out (:func:`_per_1`);
+``tests/test_invariants.py`` holds both against fhirpathpy over a built world (docs/SERVER.md).
 """
 
 from __future__ import annotations

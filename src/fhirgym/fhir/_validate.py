@@ -6,44 +6,8 @@ expression``; no installable Python library does both. It also runs on every wri
 so it must be cheap: each element path is compiled once, lazily, into a table (JSON key -> element
 definition, type, checker, bound codes), valid strings and references are remembered, and resources
 are walked as plain JSON against those tables. No object model is built and FHIRPath is never run.
-
-Checked: unknown elements, cardinality, JSON shape (array vs single value, object vs primitive,
-empty objects/arrays/strings, ``null`` outside primitive-extension arrays), primitive formats (the
-spec's regexes, plus calendar days, 32-bit integer ranges and JSON types), choice types, primitive
-extensions (``_birthDate``), extension structure (``url`` and exactly one of value[x] or nested
-extensions), ``resourceType``, nested resources (``contained``, ``Bundle.entry.resource``,
-``Parameters.parameter.resource``), required bindings on ``code``, ``Coding`` and
-``CodeableConcept`` when the ValueSet can be enumerated from the core package (others, such as
-mimetypes or languages, are skipped), ``Reference.reference`` syntax and target types, and the rules
-of contained resources: ``#id`` references resolve to one, ids are unique, and the invariants
-``dom-2`` to ``dom-5`` (no nested ``contained``, each one referred to, no ``meta.versionId``/
-``lastUpdated``, no security labels), written out here as they are cheap and walk nothing unless a
-resource has ``contained`` or a ``#id`` reference. ``fhir_comments`` is ignored. Every
-``modifierExtension`` is refused (``not-supported``): this server understands none, and FHIR forbids
-processing a resource whose modifier extension it does not understand.
-
-Also checked: R4's string rules (at most 1 MB, no control characters below U+0020 but tab, CR and
-LF), narrative XHTML as R4 allows it (:mod:`._xhtml`, invariants ``txt-1``/``txt-2``), and, on a
-resource that passes all of the above, every error-level FHIRPath invariant of the StructureDefinitions
-(:mod:`._invariants`: ``per-1``, ``app-3``, ``obs-6`` ...; code ``invariant``).
-
-Not checked, deliberately: warning-level invariants (``dom-6`` ...), profiles in ``meta.profile``,
-extension definitions, extensible/preferred bindings, and whether ``urn:uuid:`` references resolve.
-Conditional references (``Patient?identifier=...``) are accepted: they are legal in transactions, which
-is what bulk loads (Synthea) send.
-
-Expressions name elements by their JSON property, choice suffix included, with ``[i]`` on every
-array item: ``Patient.name[0].given[1]``, ``Observation.valueQuantity.value``. Primitive
-extensions (``_birthDate``) are reported on their element (``Patient.birthDate.extension[0].url``),
-nested resources under their container (``Bundle.entry[2].resource.status``).
-
-Issue codes (all severity ``error``): ``structure`` (unknown element, wrong JSON shape, too many
-values, empty or null, repeated contained id), ``required`` (missing element or resourceType),
-``value`` (bad primitive or reference), ``code-invalid`` (outside a required ValueSet), ``not-found``
-(a ``#id`` reference without its contained resource), ``invariant`` (``dom-2`` to ``dom-5``, and the
-FHIRPath invariants),
-``not-supported`` (a ``modifierExtension``). A bug
-in the validator itself surfaces as one ``exception`` issue, never as a raised exception.
+What is checked and what is not, the expressions and the issue codes: docs/SERVER.md. A bug in the
+validator itself surfaces as one ``exception`` issue, never as a raised exception.
 """
 
 from __future__ import annotations

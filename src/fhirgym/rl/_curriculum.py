@@ -1,23 +1,12 @@
 """Curricula that cannot be gamed: rows the start policy sometimes solves, on which no constant reply pays.
 
 GRPO learns only from groups whose rewards differ, so a family the start policy never (or always) solves
-gives it flat groups; and on rows where a constant reply earns as much as the policy, the cheapest way up
-is the constant (the last CPU run learned to reply "no answer" to everything: on its rows that reply
-earned twice what the base model did). :func:`measure_curriculum` therefore:
-
-1. takes ``per_family`` train rows of every selected family (QA: template), as ``rl train`` would;
-2. runs the start policy ``episodes`` times on each with llama.cpp at temperature 1, the very episode loop
-   training samples with (:class:`~fhirgym.rl._rollout.LlamaRollouts`), and keeps the families whose pass
-   rate lies in [``low``, ``high``] (20 %–80 % by default);
-3. on the kept rows, runs the constant replies of :data:`CONSTANTS` under the current validators and
-   rewards (each once: they are deterministic): ``nothing-found`` (QA: ``no-answer``) without a tool call,
-   which the validators now fail ("a negative answer needs evidence", docs/TASKS.md); the same reply
-   after one search of the type the claim is about (the instance's evidence type: the strongest
-   constant that can pass now); and ``guess`` (one broad search, its first hit as the answer);
-4. writes what it measured, the kept rows and the floors to a JSON file.
-
-:func:`check_curriculum` is the refusal ``rl train --curriculum`` applies: a constant that earns at least
-the start policy's mean reward on the kept rows, or a curriculum measured for another model.
+gives it flat groups; and where a constant reply earns as much as the policy, the cheapest way up is the
+constant (the last CPU run learned to reply "no answer" to everything). :func:`measure_curriculum` runs
+the start policy on train rows with the very loop training samples with, keeps the families whose pass
+rate lies in [``low``, ``high``], and measures the constant replies of :data:`CONSTANTS` on the kept rows;
+:func:`check_curriculum` is the refusal ``rl train --curriculum`` applies (docs/RL.md, "Curricula that
+cannot be gamed").
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
-"""The trainer: TRL's ``GRPOTrainer`` (pinned 1.16.0) with LoRA over fhirgym episodes, on the CPU or on a
-GPU (:func:`device_args`: bf16 mixed precision, generation by transformers or vLLM).
+"""The trainer: TRL's ``GRPOTrainer`` (pinned 1.16.0) with LoRA over fhirgym episodes, on the CPU or a GPU.
 
-``train(TrainSpec(...))`` builds the dataset rows of a track, gives TRL the episode as its
-``environment_factory`` (the tools are its methods; the reward is :meth:`TextEpisode` 's, handed over by
-:func:`episode_reward`), maps the recipe with :func:`trl_args`, adds dynamic sampling by masking where the
-recipe asks for it (:mod:`fhirgym.rl._dynamic`), and writes as it goes: checkpoints (``checkpoint-N``,
-resumed with ``resume=True``), ``curve.jsonl`` (one line per optimiser step: reward, its spread, the share
-of flat groups, clip ratios, the sampler mismatch, the behaviour figures, wall time), ``curve.png`` and
-``rollouts.jsonl`` (every rollout, its reward and what the policy did: :mod:`fhirgym.rl._behaviour`), and at
-the end ``behaviour.jsonl`` (the behaviour per step). The progress bar is the Trainer's.
-
-Rollouts (``rollouts``): on the CPU with a GGUF base llama.cpp generates them (:mod:`fhirgym.rl._rollout`:
-TRL's ``rollout_func``, the current LoRA swapped in before every batch, the sampler/trainer mismatch logged
-and corrected with truncated importance weights); ``torch`` keeps TRL's own generation (``model.generate``,
-or vLLM with ``use_vllm``, the episode as ``environment_factory``), the only choice for a Hugging Face model. A curriculum file
-(``curriculum``, :mod:`fhirgym.rl._curriculum`) names the rows and is refused when a constant reply earns
-at least the start policy's mean reward on it; its floors are drawn on the curve.
-
-Weights (:func:`load_policy`): a local model name (``qwen2.5-coder-0.5b``, the GGUF fhirgym assembles,
-dequantised to fp32 by transformers with the ``gguf`` package), a path to a ``.gguf`` file, a directory
-holding a Hugging Face model or a LoRA checkpoint of ours, or any Hugging Face hub id. Needs
-``pip install 'fhirgym[rl]'``.
+``train(TrainSpec(...))`` builds a track's rows, gives TRL the episode (its tools, :meth:`TextEpisode`'s
+reward), maps the recipe with :func:`trl_args`, adds dynamic sampling where the recipe asks
+(:mod:`._dynamic`) and writes checkpoints, ``curve.jsonl``/``curve.png``, ``rollouts.jsonl`` and
+``behaviour.jsonl`` as it goes. Rollouts on a GGUF base come from llama.cpp (:mod:`._rollout`); ``torch``
+keeps TRL's own generation, the only choice for a Hugging Face model. A curriculum (:mod:`._curriculum`)
+is refused when a constant reply earns at least the start policy's mean reward on it. Weights
+(:func:`load_policy`): a local model name, a ``.gguf``, a Hugging Face directory or hub id, or a LoRA
+checkpoint of ours. docs/RL.md, "Training with TRL", says what each file holds.
 """
 
 from __future__ import annotations

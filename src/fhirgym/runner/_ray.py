@@ -1,24 +1,12 @@
 """Episodes on a Ray cluster: worker actors run them, the driver alone writes the run directory.
 
-``fhirgym eval --ray [ADDRESS]`` (and ``experiment run``, ``memory train``) spreads episodes over the
-machines of a Ray cluster, for when one machine is not enough (CodeAct sandboxes cost CPU per call;
-many models at once). Ray is the engine; this module only maps a run onto it:
-
-- one actor per CPU of the cluster (``num_cpus=1``), each running up to ceil(K / actors) episodes at
-  once on its threads (``max_concurrency``), exactly as a local run does (``_dispatch.py``); CodeAct
-  sandboxes run on the worker that runs the episode;
-- each worker opens the world from the driver's path when that file is there with the same sha256,
-  else builds it from the world's seed on its node and checks the sha256 (:class:`WorldRef`);
-- the agent is built on the worker from the run's settings (an agent object given to ``run_eval`` is
-  pickled instead); the configuration goes by name when it is the registered one;
-- the driver hands out episodes (instance seeds already derived: a sealed run's secret never leaves
-  it), keeps K in flight, and writes every result that comes back; so resume and ``--sealed`` are
-  exactly those of a local run;
-- a worker that dies (killed, out of memory, its node lost) is restarted by Ray; the episodes it had
-  in flight go to the other workers (each episode at most :data:`MAX_TRIES` times), and an episode
-  id is written once whatever arrives.
-
-Ray is an optional extra (``pip install 'fhirgym[ray]'``); nothing imports this module without it.
+For when one machine is not enough (CodeAct sandboxes cost CPU per call; many models at once). Ray is the
+engine; this module only maps a run onto it: one actor per CPU, each running its share of the K episodes
+in flight on threads as a local run does; workers open the world from the driver's path or build it from
+its seed and check the sha256 (:class:`WorldRef`); the driver derives every seed (a sealed run's secret
+never leaves it) and writes every result, so resume and ``--sealed`` are a local run's; a dead worker's
+episodes go to the others, each at most :data:`MAX_TRIES` times, and written once. docs/SCALE.md, "On a
+Ray cluster". Ray is an optional extra; nothing imports this module without it.
 """
 
 from __future__ import annotations

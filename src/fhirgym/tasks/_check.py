@@ -24,9 +24,9 @@ from ._family import Family, Instance, TaskWorld, View, families, make_instance
 from ._mutate import EQUIVALENTS, MUTATIONS, run_mutation, variants
 
 MIN_MUTATIONS = 3
-#: The near-misses issue 4 names: a wrong target entity, a missing or wrong field, an extra unrelated write.
+#: The near-misses every family must reject: a wrong target entity, a missing or wrong field, an extra unrelated write.
 REQUIRED_MUTATIONS = (("wrong_target",), ("drop_field", "wrong_value"), ("extra_write",))
-#: Issue 16: each kind of answer of a family that offers "nothing found" occurs on at least this share of seeds,
+#: Each kind of answer of a family that offers "nothing found" occurs on at least this share of seeds,
 NEGATIVE_MIN = 0.3
 #: the constant "nothing found" reply passes at most this share of the library,
 CONSTANT_MAX = 0.05
@@ -161,7 +161,7 @@ def instance_bytes(inst: Instance) -> bytes:
 
 
 def instances_sha256(fams: Iterable[Family], seeds: Iterable[int], world: TaskWorld) -> str:
-    """One digest of every family × seed instance (issue 16: held by a stored hash in the tests)."""
+    """One digest of every family × seed instance (held by a stored hash in the tests)."""
     digest = hashlib.sha256()
     seeds = list(seeds)
     for fam in fams:
@@ -172,7 +172,7 @@ def instances_sha256(fams: Iterable[Family], seeds: Iterable[int], world: TaskWo
 
 @dataclass
 class FamilyFigures:
-    """Issue 16's per-family figures over the checked seeds."""
+    """The per-family figures ``tasks check`` gates on, over the checked seeds."""
 
     task_id: str
     seeds: int

@@ -218,8 +218,8 @@ class Family:
 
     def distractor_probe(self, view: View, params: dict) -> bool | None:
         """Families that plant distractors say, on the pre-run state, whether the first hit of the plain
-        search an agent starts with is one (None: this instance has no distractor). Issue 16 wants it so in
-        at least half of the instances that have one: a first-hit agent must not pass by luck."""
+        search an agent starts with is one (None: this instance has no distractor). ``tasks check`` wants it
+        so in at least half of the instances that have one: a first-hit agent must not pass by luck."""
         return None
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -535,9 +535,10 @@ def make_instance(family: Family | str, seed: int, world: TaskWorld | str | Path
     return Instance(fam, seed, params, now, fam.full_prompt(params), setup, snapshot, gold, tw)
 
 
-#: The README's default subset: every category, three reads and three writes, small enough for the README's
-#: main command to finish within 15 minutes on a fresh 2-core machine with the local 1.5B model (an episode
-#: with tool calls costs it 1–2 minutes of prefill and decoding); `--tasks all` runs every family.
+#: The default subset (`--tasks default`, docs/EVALUATION.md): every category, three reads and three
+#: writes, small enough for the README's main command to finish within 15 minutes on a fresh 2-core
+#: machine with the local 1.5B model (an episode with tool calls costs it 1–2 minutes of prefill and
+#: decoding); `--tasks all` runs every family.
 DEFAULT_SUBSET = ("records.find_patient", "billing.find_coverage", "scheduling.book_first_free_slot",
                   "orders.record_surgery_plan", "clinical.last_hba1c", "clinical.record_blood_pressure")
 

@@ -1,36 +1,13 @@
 """Code sandbox for the agents' ``python`` tool: a fresh process per call, in the episode's workspace.
 
-Why processes inside bubblewrap, not ``exec``: the model's code is untrusted. Each call runs in a new
-process (``python -I -S`` running a small bootstrap) under layers that each stop a class of escape
-(docs/SANDBOX.md has the threat model):
-
-- **bubblewrap** (Debian's ``bubblewrap``; ``scripts/_sandbox.sh`` installs it): new user, pid, net,
-  ipc, uts and cgroup namespaces, no nested user namespaces, env cleared, an empty root that only holds
-  read-only binds of the system libraries and the interpreter with its stdlib (site-packages hidden),
-  a private ``/tmp``, and the episode's workspace read-write at ``/workspace``. Nothing else of the host
-  (project tree, venv, world files, other workspaces) exists inside; the network namespace has only a
-  down loopback, so even the local FHIR server is unreachable.
-- **seccomp** (``pyseccomp``, a ctypes binding of libseccomp): the BPF program is compiled once on the
-  host and handed to bwrap (``--seccomp FD``), which loads it just before ``exec``; ``socket``,
-  ``io_uring_setup`` (its ops can open sockets), ``ptrace`` and other kernel-surface calls fail with EPERM.
-- **cgroups** (v1 or v2, whichever holds the controller): child cgroups of the host's own with
-  ``pids.max`` (fork bombs: RLIMIT_NPROC does nothing for root) and a memory limit (tmpfs included).
-- **rlimits**, set in the call's process before any user code (soft = hard, so code cannot raise
-  them): CPU time, address space, file size, open files, no core dumps.
-- **the host** enforces the wall clock and the output cap, and SIGKILLs every process a call left.
-
-Starting bwrap and an interpreter was most of a call's cost, so by default (``zygote=True``) an episode
-starts its bwrap sandbox once, with a *zygote* interpreter inside that forks the process of each call;
-its cgroups last as long as the episode, and the host kills every process in them but the sandbox's own
-three after each call. ``zygote=False`` starts bwrap per call, with cgroups per call.
-
-Hand-written, with reasons: the bwrap argv (no maintained Python wrapper covers these options); the
-cgroup handling (the PyPI cgroup libraries are v1-only or unmaintained, and this needs ~40 lines); the
-pipe loop (``Popen.communicate`` has no byte cap, so a 1 GB print would be read in full).
-
-Where a layer cannot be set up, :meth:`Sandbox.run` raises :class:`SandboxUnavailable` naming it, unless
-the sandbox was made with ``unsafe=True`` (``--unsafe-python``): then it runs with the layers that do
-work (``SandboxResult.protections`` lists them); never a bare in-process ``exec``.
+Why processes inside bubblewrap, not ``exec``: the model's code is untrusted. Each call runs a new
+``python -I -S`` under layers that each stop a class of escape: bubblewrap namespaces with an empty root of
+read-only binds and the workspace, seccomp (no sockets, ``io_uring``, ``ptrace``), cgroups (pids, memory),
+rlimits, and the host's wall clock and output cap (docs/SANDBOX.md: threat model, what blocks what). By
+default an episode starts bwrap once with a *zygote* interpreter that forks each call. Hand-written because
+no maintained wrapper covers these bwrap options, the PyPI cgroup libraries are v1-only, and
+``Popen.communicate`` has no byte cap. A layer that cannot be set up raises :class:`SandboxUnavailable`
+unless ``unsafe=True`` (then ``SandboxResult.protections`` lists what ran); never a bare ``exec``.
 """
 
 from __future__ import annotations

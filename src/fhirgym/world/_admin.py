@@ -1,51 +1,12 @@
 """The administrative world: organisations, practitioners, schedules, slots, appointments, insurance.
 
-Synthea gives patients and their clinical history; the scheduling and insurance & billing tasks
-(ANCHORS.md §1) need what a practice-management system holds around them. ``generate(ctx)`` adds:
-
-- care-provider Organizations with one Location each, insurers (type ``ins`` + ``pay``) and labs
-  (one clinical, one genetic-testing: :data:`GENETICS_LAB`);
-- Practitioners (``max(24, 0.3 × patients)`` active, plus retired ones) with gender, languages
-  (BCP-47) and a work city, one PractitionerRole each (SNOMED specialty from :data:`SPECIALTIES`),
-  one Schedule per role and 30-minute Slots;
-- Appointments consistent with the slots, RelatedPersons (spouse, parent), Coverages and Accounts.
-
-Conventions, chosen so that the tasks' answers are well defined:
-
-- **Time is UTC.** Clinic wall-clock hours are written as UTC instants (a 09:00 slot is
-  ``…T09:00:00Z``, made by ``ctx.instant``): "at 10" in a task means ``T10:00:00Z``, the prompt's
-  UTC clock and the data agree, and no DST change ever moves a slot. ``availableTime`` is in the
-  same frame.
-- **Horizon.** Slots exist on weekdays only, from ``anchor − 14`` to ``anchor + 41`` days (two weeks
-  of history, six of future); ``Schedule.planningHorizon`` is ``[anchor − 14, anchor + 42)``.
-- **Slot pattern.** 30-minute slots on the half hour: mornings from 08:00–09:00 to 12:00,
-  afternoons from 13:00–13:30 to 16:00–17:00; a lunch break, a weekly administrative hour and
-  out-of-office days are single ``busy-unavailable`` slots. Some doctors work mornings only,
-  afternoons only or three to four days a week. Doctors who see urgent visits (all GPs and
-  paediatricians, some others) keep the first slot of each session as urgent (``appointmentType``
-  v2-0276 ``EMERGENCY``); every other bookable slot is ``ROUTINE``.
-- **Slots and appointments agree.** A slot is ``busy`` iff exactly one booked, arrived, fulfilled or
-  noshow Appointment references it, with the same start and end. Cancelled appointments keep their
-  slot reference and the slot is ``free`` again; waitlist appointments have no slot, only a
-  ``requestedPeriod``. A patient holds at most one slot per day.
-- **Deliberate ambiguity** (requirement 5): three pairs of practitioners share a full name (one
-  pair differs only by specialty, one only by city, one by specialty, city and gender); busy slots
-  stand beside free slots of same-specialty doctors at the same instant; retired practitioners and
-  the ended roles of doctors who moved stay on file; one Appointment (a duplicate of a real booking,
-  same slot) and one Coverage (wrong payer) are ``entered-in-error``; replaced coverages are
-  ``cancelled``.
-- **Every case in every world.** Even a world of a few patients holds what the tasks need: someone
-  uninsured, a RelatedPerson subscriber, accounts with a patient, a RelatedPerson or no guarantor,
-  patients with several future appointments (different doctors, exactly one on a Monday),
-  waitlisted and cancelled appointments, and speakers of Spanish, Portuguese, Chinese, Vietnamese
-  and Haitian Creole.
-- **Names never collide by accident**: practitioner names avoid Synthea's (and each other's) except
-  for the deliberate pairs; insurers reuse Synthea's payer Organization of the same name when there is
-  one (it gains the ``pay`` type) instead of creating a second "Aetna".
-
-Synthea also writes lifelong Coverage resources of its own; only its Claims and EOBs refer to them.
-This module assumes the builder drops them with the Claims, so that Coverage here is the one truth
-about insurance (and "patient without coverage" exists); if they stay, patients hold both.
+Synthea gives patients and their clinical history; the scheduling and billing tasks need what a
+practice-management system holds around them. ``generate(ctx)`` adds insurers, labs, practitioners with
+roles, schedules and slots, appointments consistent with the slots, related persons, coverages and
+accounts, under conventions chosen so every task's answer is well defined (UTC clinic hours, a fixed
+horizon, slots and appointments that agree, deliberate ambiguity, every case in every world):
+docs/WORLD.md lists them. Synthea's own lifelong Coverages are assumed dropped with its Claims by the
+builder, so that Coverage here is the one truth about insurance.
 """
 
 from __future__ import annotations

