@@ -1,0 +1,49 @@
+"""Write docs/FAMILIES.md from the task registry (``--check``: exit 1 when the page is stale).
+
+Generated, so the list of families, their difficulty, what they read and write and which side of the
+held-out split they are on cannot drift from the code; ``tests/test_docs.py`` runs the check.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from fhirgym.tasks import families, heldout_split
+
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "FAMILIES.md"
+
+
+def reference() -> str:
+    fams = families()
+    side = {f: s for s in ("train", "eval") for f in heldout_split()[s]}
+    lines = ["# Task families", "",
+             "Generated from the registry by `python scripts/families_reference.py`; do not edit by hand. "
+             "R/W: reads, writes, or either (a conditional order decides per instance). Split: the side of "
+             "the shipped held-out split (docs/TRAINING.md, \"Splits that keep evaluation honest\").", ""]
+    by_category: dict[str, list] = {}
+    for f in fams:
+        by_category.setdefault(f.category, []).append(f)
+    writes = sum(f.writes for f in fams)
+    lines += [f"{len(fams)} families in {len(by_category)} categories, {writes} of them writing.", ""]
+    for category, members in by_category.items():
+        lines += [f"## {category} ({len(members)})", "", "| family | what it asks | d | R/W | resource types | split |",
+                  "|---|---|---:|---|---|---|"]
+        for f in sorted(members, key=lambda f: f.id):
+            either = f.read_resource_types is not None or f.read_sequences is not None
+            rw = "R/W" if either else "W" if f.writes else "R"
+            title = f.title.replace("|", "\\|")
+            lines.append(f"| `{f.id}` | {title} | {f.difficulty} | {rw} | {', '.join(f.resource_types)} | "
+                         f"{side.get(f.id, '–')} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    text = reference()
+    if "--check" in sys.argv[1:]:
+        if not PAGE.is_file() or PAGE.read_text() != text:
+            sys.exit(f"{PAGE} is stale: run python scripts/families_reference.py")
+    else:
+        PAGE.write_text(text)
+        print(f"{PAGE}: {len(text):,} characters")
