@@ -23,7 +23,7 @@ from fhirgym.agents._backend import (
     ChatBackend,
     ChatResult,
     ContextLengthExceeded,
-    ToolCall,
+    RequestedCall,
 )
 from fhirgym.agents._factory import make_backend
 from fhirgym.agents._http import Reply
@@ -68,7 +68,7 @@ def test_fenced_json_call_with_prose_around():
         '{"name": "fhir_read", "arguments": {"resourceType": "Patient", "id": "7"}}\n```\nThen answer.'
     )
     calls, rest = parse_tool_calls(text, NAMES)
-    assert calls == [ToolCall("call_0", "fhir_read", {"resourceType": "Patient", "id": "7"})]
+    assert calls == [RequestedCall("call_0", "fhir_read", {"resourceType": "Patient", "id": "7"})]
     assert rest == "I will look it up.\n\nThen answer."
 
 
@@ -135,7 +135,7 @@ def test_doubled_braces_around_a_bare_call_are_dropped():
     # seen from Qwen2.5-Coder-1.5B after a tool result
     text = '{{"name": "fhir_read", "arguments": {"resourceType": "AllergyIntolerance", "id": "a1"}}}'
     calls, rest = parse_tool_calls(text)
-    assert calls == [ToolCall("call_0", "fhir_read", {"resourceType": "AllergyIntolerance", "id": "a1"})]
+    assert calls == [RequestedCall("call_0", "fhir_read", {"resourceType": "AllergyIntolerance", "id": "a1"})]
     assert rest == ""
     assert parse_tool_calls('a { {"name": "x", "arguments": {}} } b')[1] == "a b"
 
@@ -181,7 +181,7 @@ def test_non_calls_leave_the_text_untouched(text):
 
 def test_known_tool_name_without_arguments_is_a_call():
     calls, _ = parse_tool_calls('{"name": "fhir_search"}', NAMES)
-    assert calls == [ToolCall("call_0", "fhir_search", {})]
+    assert calls == [RequestedCall("call_0", "fhir_search", {})]
     assert parse_tool_calls('{"name": "fhir_search"}')[0] == []  # unknown set: not enough evidence
 
 
@@ -198,7 +198,7 @@ def test_list_in_fence_counts_only_if_all_items_are_calls():
 def test_null_arguments_become_empty_dict_and_ids_restart_per_text():
     first, _ = parse_tool_calls('{"name": "a", "arguments": null}')
     second, _ = parse_tool_calls('{"name": "b", "arguments": {}}')
-    assert first == [ToolCall("call_0", "a", {})]
+    assert first == [RequestedCall("call_0", "a", {})]
     assert second[0].id == "call_0"
 
 
@@ -222,7 +222,7 @@ def test_scripted_backend_plays_script_and_records_requests():
     )
     messages = [{"role": "user", "content": "find the patient please"}]
     first = backend.chat(messages, TOOLS, temperature=0.5, max_tokens=64, seed=3)
-    assert first.tool_calls == [ToolCall("call_0", "fhir_search", {"resourceType": "Patient"})]
+    assert first.tool_calls == [RequestedCall("call_0", "fhir_search", {"resourceType": "Patient"})]
     assert first.text == "Searching."
     assert first.finish_reason == "tool_calls"
     assert first.prompt_tokens == 4  # whitespace tokens of the user message
@@ -355,8 +355,8 @@ def test_openai_retries_5xx_then_parses_tool_calls_and_usage():
     backend = endpoint.backend(sleeps, backoff=1.0)
     result = backend.chat([{"role": "user", "content": "read 9"}], TOOLS, seed=4, max_tokens=50)
     assert result.tool_calls == [
-        ToolCall("call_ab", "fhir_read", {"id": "9"}),
-        ToolCall("call_cd", "fhir_search", {"_raw_arguments": "not json"}),
+        RequestedCall("call_ab", "fhir_read", {"id": "9"}),
+        RequestedCall("call_cd", "fhir_search", {"_raw_arguments": "not json"}),
     ]
     assert (result.prompt_tokens, result.completion_tokens, result.finish_reason) == (120, 17, "tool_calls")
     assert result.text == ""
@@ -423,7 +423,7 @@ def test_openai_text_fallback_and_missing_usage():
     text = 'Sure.\n```json\n{"name": "fhir_search", "arguments": {"resourceType": "Patient"}}\n```'
     endpoint = FakeEndpoint([(200, _completion(text, usage=False), {})])
     result = endpoint.backend().chat([{"role": "user", "content": "x"}], TOOLS)
-    assert result.tool_calls == [ToolCall("call_0", "fhir_search", {"resourceType": "Patient"})]
+    assert result.tool_calls == [RequestedCall("call_0", "fhir_search", {"resourceType": "Patient"})]
     assert (result.text, result.prompt_tokens, result.completion_tokens) == ("Sure.", 0, 0)
     assert result.finish_reason == "tool_calls"
     no_tools = FakeEndpoint([(200, _completion(text), {})]).backend().chat([{"role": "user", "content": "x"}])
@@ -487,7 +487,7 @@ def test_openai_constrain_sends_the_turn_grammar(mode):
     text = '<tool_call>\n{"name": "fhir_read", "arguments": {"resourceType": "Patient", "id": "9"}}\n</tool_call>'
     endpoint = FakeEndpoint([(200, _completion(text), {})])
     result = endpoint.backend(constrain=mode, extra_body={"top_k": 1}).chat(LOOKED, TOOLS, answer_schema=ANSWER)
-    assert result.tool_calls == [ToolCall("call_0", "fhir_read", {"resourceType": "Patient", "id": "9"})]
+    assert result.tool_calls == [RequestedCall("call_0", "fhir_read", {"resourceType": "Patient", "id": "9"})]
     body = endpoint.bodies[0]
     grammar = body["grammar"] if mode == "grammar" else body["structured_outputs"]["grammar"]
     assert grammar.startswith("root ::= ") and '"<answer>"' in grammar and body["top_k"] == 1
@@ -568,7 +568,7 @@ def test_openai_over_real_http_with_uvicorn():
         server.should_exit = True
         thread.join(timeout=10)
         sock.close()
-    assert result.tool_calls == [ToolCall("call_0", "fhir_read", {"id": "5"})]
+    assert result.tool_calls == [RequestedCall("call_0", "fhir_read", {"id": "5"})]
     assert result.prompt_tokens == 120
     assert len(calls) == 2 and calls[1]["auth"] == "Bearer none"
     assert calls[1]["body"]["model"] == "served-model"
@@ -740,7 +740,7 @@ def test_local_chat_plumbing_with_a_fake_llama(tmp_path, monkeypatch):
     monkeypatch.setitem(_local._instances, (str(gguf.resolve()), 512, 1, None), _local._Shared(fake))
     history = [{"role": "user", "content": "who is patient 1?"}]
     first = backend.chat(history, TOOLS, temperature=0.3, max_tokens=40)
-    assert first.tool_calls == [ToolCall("call_0", "fhir_read", {"id": "1"})]
+    assert first.tool_calls == [RequestedCall("call_0", "fhir_read", {"id": "1"})]
     assert (first.text, first.finish_reason, first.prompt_tokens, first.completion_tokens) == (
         "Reading.",
         "tool_calls",
@@ -786,3 +786,12 @@ def test_local_backend_takes_the_machine_lock_only_when_using_all_cores(monkeypa
     assert LocalBackend("qwen2.5-coder-0.5b", n_threads=4).exclusive
     assert not LocalBackend("qwen2.5-coder-0.5b", n_threads=2).exclusive
     assert not LocalBackend("qwen2.5-coder-0.5b", exclusive=False).exclusive
+
+
+def test_the_old_name_of_a_requested_call_still_resolves_with_a_warning():
+    import fhirgym.agents as agents
+
+    with pytest.warns(DeprecationWarning, match="RequestedCall"):
+        assert agents.ToolCall is RequestedCall
+    with pytest.raises(AttributeError):
+        agents.NoSuchThing  # noqa: B018

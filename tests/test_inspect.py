@@ -22,7 +22,7 @@ from inspect_ai import eval as inspect_eval
 from inspect_ai.log import EvalLog, read_eval_log
 from inspect_ai.model import ChatMessageUser, ModelOutput, ModelUsage, get_model
 
-from fhirgym.agents import ChatResult, ReactAgent, ToolCall
+from fhirgym.agents import ChatResult, ReactAgent, RequestedCall
 from fhirgym.env import Episode, solve_reference
 from fhirgym.inspect import _episodes, _solvers
 from fhirgym.inspect._solvers import GUIDANCE
@@ -105,7 +105,7 @@ class _Scripts:
     def chat(self, messages, tools=None, **_) -> ChatResult:
         step = self._step(messages[1]["content"], sum(m["role"] == "assistant" for m in messages))
         if step[0] == "call":
-            return ChatResult("", [ToolCall(f"call_{len(messages)}", step[1], step[2])], 1, 1)
+            return ChatResult("", [RequestedCall(f"call_{len(messages)}", step[1], step[2])], 1, 1)
         return ChatResult(step[1], [], 1, 1)
 
     def outputs(self, input, tools, tool_choice, config) -> ModelOutput:
@@ -305,7 +305,7 @@ def test_the_local_provider_speaks_to_the_local_backend(monkeypatch, small_world
         def chat(self, messages, tools=None, *, temperature=0.0, max_tokens=1024, seed=None, answer_schema=None):
             self.requests.append((messages, tools, max_tokens, answer_schema))
             if len(self.requests) == 1:
-                return ChatResult("", [ToolCall("t1", "searchResources", {"resourceType": "Observation"})], 30, 5)
+                return ChatResult("", [RequestedCall("t1", "searchResources", {"resourceType": "Observation"})], 30, 5)
             return ChatResult('<answer>{"patient_id": "x"}</answer>', [], 40, 6)
 
     def make_backend(model, **options):

@@ -11,7 +11,7 @@ import jsonschema
 import orjson
 import pytest
 
-from fhirgym.agents import ChatResult, LocalBackend, ReactAgent, ScriptedBackend, ToolCall
+from fhirgym.agents import ChatResult, LocalBackend, ReactAgent, RequestedCall, ScriptedBackend
 from fhirgym.memory import (
     CRITIQUE_SCHEMA,
     Malformed,
@@ -53,7 +53,7 @@ def test_the_scripted_backend_is_sent_each_schema_and_the_replies_parse(claimed)
 
 
 def test_with_specs_the_json_comes_from_a_constrained_call_after_the_look_ups():
-    lookup = ChatResult("", [ToolCall("c1", "getStructureDefinition", {"resourceType": "Patient",
+    lookup = ChatResult("", [RequestedCall("c1", "getStructureDefinition", {"resourceType": "Patient",
                                                                       "path": "Patient.birthDate"})], 10, 5)
     final = {**LESSONS, "micro": [{**LESSONS["micro"][0], "spec_paths": ["Patient.birthDate"]}]}
     jsonschema.validate(final, lessons_schema(True))

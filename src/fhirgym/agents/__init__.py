@@ -17,7 +17,14 @@ from ._agent import (
     load_class,
     opening_turns,
 )
-from ._backend import LOCAL_MODELS, BackendError, ChatBackend, ChatResult, ContextLengthExceeded, ToolCall
+from ._backend import (
+    LOCAL_MODELS,
+    BackendError,
+    ChatBackend,
+    ChatResult,
+    ContextLengthExceeded,
+    RequestedCall,
+)
 from ._builtin import CommandAgent, GuessAgent, NothingFoundAgent, NullAgent, ReferenceAgent
 from ._codeact import CODE_BLOCK, CODEACT_SYSTEM_PROMPT, CodeActAgent
 from ._factory import (
@@ -66,9 +73,9 @@ __all__ = [
     "NullAgent",
     "ReactAgent",
     "ReferenceAgent",
+    "RequestedCall",
     "Sampled",
     "ScriptedBackend",
-    "ToolCall",
     "clock_block",
     "default_iterations",
     "instantiate",
@@ -81,3 +88,15 @@ __all__ = [
     "parse_tool_calls",
     "worked_example",
 ]
+
+
+def __getattr__(name: str):
+    """``ToolCall``, this layer's old name for :class:`RequestedCall`, still resolves, with a warning (the
+    tools layer's ``ToolCall`` is the record of a call made; one name per concept)."""
+    if name == "ToolCall":
+        import warnings
+
+        warnings.warn("fhirgym.agents.ToolCall is now fhirgym.agents.RequestedCall", DeprecationWarning,
+                      stacklevel=2)
+        return RequestedCall
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,7 +17,7 @@ DEFAULT_LOCAL_MODEL = "qwen2.5-coder-1.5b"
 
 
 @dataclass
-class ToolCall:
+class RequestedCall:
     """One call the model asked for; ``arguments`` is always a dict (JSON strings are decoded)."""
 
     id: str
@@ -30,7 +30,7 @@ class ChatResult:
     """One assistant turn: its text (tool-call markup removed), its calls and what it cost in tokens."""
 
     text: str
-    tool_calls: list[ToolCall]
+    tool_calls: list[RequestedCall]
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str | None = None

@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from .._gate import waiting
-from ._backend import BackendError, ChatResult, ToolCall
+from ._backend import BackendError, ChatResult, RequestedCall
 from ._grammar import ANSWER_TOOL, answer_from_call, answer_tool, looked_up, seen_ids, turn_grammar
 from ._http import PooledTransport, Reply, Transport
 from ._toolcalls import parse_tool_calls
@@ -247,13 +247,13 @@ class OpenAIBackend:
         text = message.get("content") or ""
         if not isinstance(text, str):  # content parts
             text = "".join(p.get("text", "") for p in text if isinstance(p, dict))
-        calls: list[ToolCall] = []
+        calls: list[RequestedCall] = []
         for i, tc in enumerate(message.get("tool_calls") or []):
             function = tc.get("function") if isinstance(tc, dict) else None
             if not isinstance(function, dict) or not function.get("name"):
                 continue
             args = _decode_args(function.get("arguments"))
-            calls.append(ToolCall(id=tc.get("id") or f"call_{i}", name=function["name"], arguments=args))
+            calls.append(RequestedCall(id=tc.get("id") or f"call_{i}", name=function["name"], arguments=args))
         finish = choice.get("finish_reason")
         answers = [c for c in calls if c.name == ANSWER_TOOL] if self.constrain == "tool_choice" else []
         if answers:

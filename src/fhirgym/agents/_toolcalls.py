@@ -14,7 +14,7 @@ import json
 import re
 from typing import Any
 
-from ._backend import ToolCall
+from ._backend import RequestedCall
 
 _TAG = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.DOTALL)
 _FENCE = re.compile(r"```[ \t]*([A-Za-z_]*)[ \t]*\n?(.*?)```", re.DOTALL)
@@ -22,7 +22,7 @@ _FENCE_LANGS = {"", "json", "json5", "tool_call", "tool_code", "javascript", "js
 _DECODER = json.JSONDecoder()
 
 
-def parse_tool_calls(text: str, tool_names: set[str] | None = None) -> tuple[list[ToolCall], str]:
+def parse_tool_calls(text: str, tool_names: set[str] | None = None) -> tuple[list[RequestedCall], str]:
     """Find tool calls in ``text``; return them (ids ``call_0``, ``call_1``, ...) and the remaining text.
 
     Forms, first that yields a call wins: ``<tool_call>`` tags, else fenced code blocks, else bare
@@ -39,7 +39,7 @@ def parse_tool_calls(text: str, tool_names: set[str] | None = None) -> tuple[lis
         found = finder(text, tool_names)
         if found:
             calls = [
-                ToolCall(id=f"call_{i}", name=name, arguments=args)
+                RequestedCall(id=f"call_{i}", name=name, arguments=args)
                 for i, (name, args) in enumerate(_flat(found))
             ]
             return calls, _remove(text, [span for span, _ in found])

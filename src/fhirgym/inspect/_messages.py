@@ -21,7 +21,7 @@ from inspect_ai.model import (
 from inspect_ai.tool import ToolCall, ToolInfo, ToolParams
 
 from ..agents import ChatResult
-from ..agents import ToolCall as AgentCall
+from ..agents import RequestedCall as AgentCall
 
 
 def to_openai(messages: list[ChatMessage]) -> list[dict]:
