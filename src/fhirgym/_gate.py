@@ -1,15 +1,13 @@
 """One episode's harness work at a time, however many episodes wait for their model at once.
 
-Hundreds of episode threads in one process fight over the GIL: every SQLite statement and socket call
-releases it, and the thread must win it back from whichever other thread took it meanwhile, at the
-price of context switches. An episode whose model is served elsewhere is nearly all waiting, so its
-thread holds the gate (:func:`held`) while it runs harness code (tools, validation, building the next
-request) and lets go only where it blocks (:func:`waiting`: the model's HTTP reply, a sandboxed code
-call); the waits overlap, the harness code runs as if single-threaded. Measured with
-bench/bench_scale.py at K = 256 (docs/SCALE.md): 23 ms of CPU per episode ungated, 17 ms gated.
+Hundreds of episode threads in one process fight over the GIL: every SQLite statement and socket call releases it, and
+winning it back costs context switches. An episode whose model is served elsewhere is nearly all waiting, so its thread
+holds the gate (:func:`held`) while it runs harness code (tools, validation, building the next request) and lets go only
+where it blocks (:func:`waiting`: the model's HTTP reply, a sandboxed code call); the waits overlap, the harness code
+runs as if single-threaded. Measured at K = 256: 23 ms of CPU per episode ungated, 17 ms gated (docs/SCALE.md).
 
-Only episodes whose agent says it waits here (``cooperative``) are gated: an agent that blocks
-elsewhere (its own HTTP client, a program it runs) while holding the gate would stall every other one.
+Only episodes whose agent says it waits here (``cooperative``) are gated: an agent that blocks elsewhere (its own HTTP
+client, a program it runs) while holding the gate would stall every other one.
 """
 
 from __future__ import annotations

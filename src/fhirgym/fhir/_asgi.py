@@ -1,18 +1,12 @@
 """ASGI adapter: HTTP in, :meth:`FhirServer.handle` out. No FHIR logic lives here.
 
-The FHIR API is served under ``/fhir``. Admin operations (snapshot, reset) exist only when the app is
-built with ``admin=True`` and live under a separate ``/admin`` prefix, never under the FHIR base.
-Each request is served (and its response serialised) in a worker thread, not on the event loop: a long
-request must not stop the server from accepting and answering others (a GET on a file-backed store runs
-beside a long write, see :meth:`FhirServer.handle`), nor from hearing SIGTERM. That is the price of the
-hop to a thread and back, measured when requests were moved onto the loop: ``Condition?patient`` over
-HTTP p50 2.9 ms instead of 2.5, a chained search's p95 34 ms instead of 8. Against it: a small read's p95
-while another client writes, 37 ms instead of 15.8 s (``bench/bench_fairness.py``, docs/SERVER.md).
-
-HTTP edges: a body over ``max_body_bytes`` is read to its end and dropped before the 413 is sent (up to
-four times the limit; beyond that, or with ``Expect: 100-continue``, the 413 goes out at once with
-``Connection: close``), so a client that is still sending sees the 413 and not a reset; a client that
-disconnects while sending is one log line.
+The FHIR API is served under ``/fhir``. Admin operations (snapshot, reset) exist only when the app is built with
+``admin=True`` and live under a separate ``/admin`` prefix, never under the FHIR base. Each request is served (and its
+response serialised) in a worker thread, not on the event loop: a long request must not stop the server from accepting
+and answering others (a GET on a file-backed store runs beside a long write, see :meth:`FhirServer.handle`), nor from
+hearing SIGTERM. What that hop costs and buys, measured: docs/SERVER.md, section "Concurrency: no request stops the
+others". Its HTTP edges (a body over ``max_body_bytes`` drained before the 413 so a client still sending sees it, a
+client that disconnects while sending is one log line): docs/SERVER.md, "Limits" and "HTTP edges".
 """
 
 from __future__ import annotations

@@ -1,17 +1,13 @@
 """Bulk loads: validation, indexing and inserts, optionally in worker processes.
 
-Validation, index extraction and even the SQLite inserts are CPU-bound Python work of about the same
-size. With ``workers > 1`` every step runs in a process pool, and the rows reach the store one of two ways:
-
-* a store in memory, or any store holding data: each worker validates and indexes its chunks and
-  inserts the rows into its own scratch SQLite file (tables only, no indexes), and the parent copies
-  them into the store chunk by chunk, in input order, with ``INSERT ... SELECT`` (C speed, no Python per
-  row), in one transaction;
-* an empty scratch store (a world build, :meth:`Store.shared_bulk`): the workers insert straight into
-  the store's own file, each chunk in its turn (input order), so nothing is copied.
-
-Either way the indexes are built once at the end, and nothing stays in the store unless every
-resource is valid. A load gives the same file whether it ran in one process or several.
+Validation, index extraction and even the SQLite inserts are CPU-bound Python work of about the same size. With
+``workers > 1`` every step runs in a process pool, and the rows reach the store one of two ways. Into a store in memory,
+or any store holding data: each worker validates and indexes its chunks and inserts the rows into its own scratch SQLite
+file (tables only, no indexes), and the parent copies them into the store chunk by chunk, in input order, with
+``INSERT ... SELECT`` (C speed, no Python per row), in one transaction. Into an empty scratch store (a world build,
+:meth:`Store.shared_bulk`): the workers insert straight into the store's own file, each chunk in its turn (input order),
+so nothing is copied. Either way the indexes are built once at the end, nothing stays in the store unless every resource
+is valid, and a load gives the same file whether it ran in one process or several.
 """
 
 from __future__ import annotations

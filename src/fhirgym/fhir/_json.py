@@ -1,17 +1,12 @@
 """FHIR JSON with exact decimals: ``0.010`` stays ``0.010``, ``1.50`` stays ``1.50``.
 
-FHIR says a decimal's precision is part of its value (R4 datatypes: "0.010 is regarded as different
-to 0.01"), but JSON libraries parse numbers into floats and print their shortest form. Here a number
-whose text a float would not reproduce is parsed into a :class:`FhirDecimal`: a ``float`` (so
-arithmetic, comparisons and ``isinstance(v, float)`` work as before) that remembers its exact text,
-which :func:`dumps` writes back byte for byte.
-
-Speed: stored resources were written by :func:`dumps`, so most come back through orjson alone; the
-exact (slower) parser runs only when re-serialising orjson's result would not give the same bytes,
-i.e. when the JSON holds a number a float would change (or was not written by orjson).
-
-Request bodies come from anyone: :func:`parse_body` measures their nesting first (``json_depth``) and
-finds the numbers a float would change by scanning the text (strings blanked out), not by
+FHIR says a decimal's precision is part of its value (R4 datatypes: "0.010 is regarded as different to 0.01"), but JSON
+libraries parse numbers into floats and print their shortest form. Here a number whose text a float would not reproduce
+is parsed into a :class:`FhirDecimal`: a ``float`` (so arithmetic, comparisons and ``isinstance(v, float)`` work as
+before) that remembers its exact text, which :func:`dumps` writes back byte for byte. Stored resources were written by
+:func:`dumps`, so most come back through orjson alone: the exact (slower) parser runs only when re-serialising orjson's
+result would not give the same bytes. Request bodies come from anyone: :func:`parse_body` measures their nesting first
+(``json_depth``) and finds the numbers a float would change by scanning the text (strings blanked out), not by
 re-serialising the body, which orjson refuses beyond 254 levels.
 """
 

@@ -1,14 +1,11 @@
 """Result lists that span pages: stateless paging tokens, a cache of result lists, self / next / previous URLs.
 
-A paging link (``GET [base]?_getpages=token&_getpagesoffset=n``, see :mod:`.ops.paging`) carries its
-whole request in the token: the kind (search, history, ``$everything``), its parameters and the store's
-*watermark* when the first page was made. A page is a slice of the result list, taken from the cache
-while the list is there (the most recently used lists, up to ``ServerConfig.page_cache_ids`` ids in all;
-lists that fit in one page are not kept), else from the request run again. So a link never expires
-because of other clients' traffic: a re-run gives the same list when nothing was written since (same
-watermark; a history re-run is always exact, being bounded by its newest entry), and otherwise the
-current list, which the page then says in an OperationOutcome entry. Tokens are a function of the
-request and the stored state only (no memory address, no clock), so identical runs see identical links.
+A paging link (``GET [base]?_getpages=token&_getpagesoffset=n``, see :mod:`.ops.paging`) carries its whole request in
+the token: the kind (search, history, ``$everything``), its parameters and the store's *watermark* when the first page
+was made. A page is a slice of the result list, taken from the cache while the list is there (the most recently used
+lists, up to ``ServerConfig.page_cache_ids`` ids in all; lists that fit in one page are not kept), else from the request
+run again, so a link never expires because of other clients' traffic; tokens are a function of the request and the
+stored state only, so identical runs see identical links. What a re-run gives: docs/SERVER.md, "Paging links that last".
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """fhirgym inside inspect-ai (``pip install 'fhirgym[inspect]'``; docs/INSPECT.md).
 
-    inspect eval fhirgym/action --model fhirgym/reference -T tasks=records.* -T seeds=2
+    inspect eval fhirgym/action --model fhirgym/reference -T tasks=records.* -T seeds=2   # then: inspect view
     inspect eval fhirgym/qa -T split=valid --model openai/gpt-4.1-mini
     inspect eval fhirgym/action -T config=codeact --solver fhirgym/codeact --model ...
-    inspect view
 
-Tasks ``fhirgym/action`` and ``fhirgym/qa`` (one :class:`~fhirgym.env.Episode` per sample, scored on
-its verdict), solvers ``fhirgym/react`` and ``fhirgym/codeact`` (inspect's ``react()`` is the default),
-models ``fhirgym/reference``, ``fhirgym/nothing-found`` and ``fhirgym/local-<model>``, and the sandbox
-type ``fhirgym-bwrap``. The layer uses ``env``, ``tools``, ``agents``, ``tasks`` and ``runner``; nothing
-below imports it, and importing it needs the ``inspect`` extra.
+Tasks ``fhirgym/action`` and ``fhirgym/qa`` (one :class:`~fhirgym.env.Episode` per sample, scored on its verdict),
+solvers ``fhirgym/react`` and ``fhirgym/codeact`` (inspect's ``react()`` is the default), models ``fhirgym/reference``,
+``fhirgym/nothing-found`` and ``fhirgym/local-<model>``, and the sandbox type ``fhirgym-bwrap``. The layer uses ``env``,
+``tools``, ``agents``, ``tasks`` and ``runner``; nothing below imports it, and importing it needs the extra.
 """
 
 try:

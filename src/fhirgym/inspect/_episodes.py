@@ -1,18 +1,13 @@
 """One fhirgym :class:`~fhirgym.env.Episode` per inspect sample, and its tools as inspect tools.
 
-inspect runs many samples at once in one event loop; an episode's calls are synchronous (SQLite, the
-code sandbox), so every one of them runs in a worker thread (``anyio.to_thread``) and the loop never
-waits on a store. The table of live episodes is keyed by the sample's ``TaskState.uuid`` (one per sample
-and epoch) and guarded by a lock; each episode takes its calls one at a time (its own lock, and its
-inspect tools are not ``parallel``), so they reach the store in the order the model made them, as in
-``fhirgym eval``. Code that has no ``TaskState`` (a model provider, a tool source) finds its sample's
-episode through the sample's ``store()``, which holds the uuid.
-
-A tool is built from the episode's own OpenAI schema (name, description, parameters); its result is the
-JSON the episode returned, as fhirgym's agents see it, and a failed call (bad argument, HTTP 4xx, ...)
-raises ``ToolError`` with that JSON, so the model gets it as a tool error and the sample goes on.
-``finish`` is left out: an inspect agent ends with its own submit tool (the default solver names it
-``finish`` where the configuration grants one).
+inspect runs many samples at once in one event loop; an episode's calls are synchronous (SQLite, the code sandbox), so
+every one of them runs in a worker thread (``anyio.to_thread``) and the loop never waits on a store. Live episodes are
+keyed by the sample's ``TaskState.uuid`` (one per sample and epoch) under a lock; code that has no ``TaskState`` (a
+model provider, a tool source) finds its sample's episode through the sample's ``store()``, which holds the uuid. Each
+episode takes its calls one at a time (its own lock; its inspect tools are not ``parallel``), in the order the model
+made them. A tool is built from the episode's own OpenAI schema; its result is the episode's JSON, and a failed call
+raises ``ToolError`` with that JSON, so the sample goes on. ``finish`` is left out: an inspect agent ends with its own
+submit tool (docs/INSPECT.md, section "How a sample runs").
 """
 
 from __future__ import annotations

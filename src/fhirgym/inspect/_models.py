@@ -1,22 +1,13 @@
 """Model providers: ``--model fhirgym/reference``, ``fhirgym/nothing-found``, ``fhirgym/local-<model>``.
 
-``reference`` replays the family's reference solution as model turns: the solution runs in a thread of its
-own, and each tool call it makes becomes the model's next turn; the agent (inspect's ``react()``, or any
-solver that runs the calls through the episode's tools) executes it, and the solution gets that call's
-record from the episode when the model is asked for its next turn. Its final text is a call of the
-agent's submit tool (plain content for a solver without one). Like ``fhirgym eval --agent reference`` it
-is the one model that reads the instance (through the sample's episode); nothing it does passes the
-episode's tools by. ``nothing-found`` submits the constant "nothing found" answer at once: the blind floor.
-
-``local-qwen2.5-coder-0.5b`` (``-1.5b``, or ``local/PATH.gguf``) is ``fhirgym eval``'s embedded llama.cpp
-model in process: the same :class:`~fhirgym.agents.LocalBackend` (every turn under the grammar of the
-request's tools and the sample's answer format, KV-cache reuse, a 4,000-character tool budget the
-sample's episode adopts, 512-token replies). Chosen over inspect's OpenAI-compatible provider pointed
-at a server: fhirgym has no such server, llama-cpp-python's needs extras, and a server would lose the
-per-episode answer grammar. A reply without a call, where the agent has a submit tool, is submitted.
-``-M`` options go to ``LocalBackend`` (``-M n_ctx=4096``).
-
-No token counts are made up: the replays report zero usage (inspect would otherwise fetch a tokenizer).
+``reference`` replays the family's reference solution as model turns: the solution runs in a thread of its own, each
+tool call it makes becomes the model's next turn, the agent executes it through the episode's tools, and its final text
+is a call of the agent's submit tool (plain content for a solver without one). Like ``fhirgym eval --agent reference``
+it is the one model that reads the instance (through the sample's episode); nothing it does passes the episode's tools
+by. ``nothing-found`` submits the constant "nothing found" answer at once: the blind floor. ``local-qwen2.5-coder-0.5b``
+(``-1.5b``, or ``local/PATH.gguf``; ``-M`` options go to ``LocalBackend``) is ``fhirgym eval``'s embedded llama.cpp
+model in process. What each does, why a native provider rather than a server, and why no token counts are made up (the
+replays report zero usage): docs/INSPECT.md, section "Models".
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """fhirgym's bubblewrap sandbox as an inspect sandbox type: ``sandbox="fhirgym-bwrap"``.
 
-inspect's tools send argv lists (``bash()``: ``bash --login -c CMD``; ``python()``: ``bash --login -c
-"python3 -"`` with the code on stdin). The public :class:`~fhirgym.tools.Sandbox` runs Python code, so each
-``exec`` runs a small driver in the sample's sandbox that starts the argv with ``subprocess``: the command
-and everything it forks live under every layer of the ``python`` tool (namespaces, seccomp, cgroups,
-rlimits, the host's wall clock and output cap; docs/SANDBOX.md), with its limits (``SandboxLimits``).
-
-The sandbox mounts the system libraries and the interpreter, never ``/usr/bin``, and a root host's
-workspace is ``noexec``. So the commands a shell needs (bash, coreutils, grep, sed, ...;
-:data:`DEFAULT_COMMANDS`) are sent in, once per sandbox (again if it restarted), as copies of the
-host's binaries written to :data:`BIN` in the sandbox's private ``/tmp``, with ``python3`` linked to the
-sandbox's interpreter (standard library only). The code may overwrite them: they are its own sandbox's
-files, and it could always write and run a binary there. A CodeAct sample's environment is its
-episode's own sandbox (:meth:`BwrapSandboxEnvironment.attach`): inspect's tools and fhirgym's ``python``
-tool then share one workspace and one set of limits.
-
-Written here, not taken from a provider package: inspect's published providers (docker, k8s, podman,
-cloud VMs) all need a daemon or a service this sandbox exists to do without.
+Written here, not taken from a provider package: inspect's published providers (docker, k8s, podman, cloud VMs) all need
+a daemon or a service this sandbox exists to do without. inspect's tools send argv lists, and the public
+:class:`~fhirgym.tools.Sandbox` runs Python code, so each ``exec`` runs a small driver in the sample's sandbox that
+starts the argv with ``subprocess``: the command and everything it forks live under every layer of the ``python`` tool
+(docs/SANDBOX.md), with its limits (``SandboxLimits``). The sandbox mounts no ``/usr/bin``, so the commands a shell
+needs (:data:`DEFAULT_COMMANDS`) are sent in as copies of the host's binaries, to :data:`BIN`. A CodeAct sample's
+environment is its episode's own sandbox (:meth:`BwrapSandboxEnvironment.attach`). How commands run, what is on the
+PATH, limits, user: docs/INSPECT.md, section "The sandbox".
 """
 
 from __future__ import annotations

@@ -1,16 +1,13 @@
 """Solvers: the task's setup (open the sample's episode), the default agent (inspect's ``react()`` on the
 episode's tools) and fhirgym's own ReAct and CodeAct agents (``--solver fhirgym/react``, ``fhirgym/codeact``).
 
-The setup always runs, ``--solver`` or not: it opens the episode, puts the configuration's instructions
-in a system message and the episode's tools in ``state.tools`` (where ``generate()``-loop solvers such
-as ``basic_agent`` take them). An agent built before any sample runs takes them as
-``tools=[episode_tools()]``. The answer is the sample's ``output.completion``, as for any inspect task.
-
-A fhirgym agent is synchronous: it runs in a worker thread, its tool calls go to the episode as in
-``fhirgym eval`` (``AgentTools``), and each model turn goes to inspect's model through
-:class:`InspectBackend`, back on the event loop, so inspect logs it and applies its limits. Its
-messages become the sample's. As in ``fhirgym eval``, an exception of the agent's own is a fail with the
-reason; a model failure is the sample's error.
+The setup always runs, ``--solver`` or not: it opens the episode, puts the configuration's instructions in a system
+message and the episode's tools in ``state.tools``; an agent built before any sample runs takes them as
+``tools=[episode_tools()]``. A fhirgym agent is synchronous: it runs in a worker thread, its tool calls go to the
+episode as in ``fhirgym eval`` (``AgentTools``), and each model turn goes to inspect's model through
+:class:`InspectBackend`, back on the event loop, so inspect logs it and applies its limits. Its messages become the
+sample's; an exception of the agent's own is a fail with the reason, a model failure the sample's error
+(docs/INSPECT.md, section "How a sample runs").
 """
 
 from __future__ import annotations

@@ -1,17 +1,13 @@
 """What a plan will cost and what it can show, before it runs (``fhirgym experiment run PLAN --dry-run``).
 
-Per memory (model × setting × with/without specs): training runs, counted at most (every trial runs);
-per cell (model × setting × config): evaluation episodes; for both the expected model calls, prompt and
-completion tokens, the cost under a price table the user passes (per model string, per million input
-and output tokens; there are no built-in prices) and the wall time; then the totals, and for every
-paired comparison against the baseline the minimum detectable effect of the report's exact McNemar test
-(:func:`fhirgym.analysis.paired_mde`) given its pairs and an assumed base rate.
-
-Per-episode figures come, first found: from result directories passed in (an experiment's own
-directory or evaluation directories: means over the episodes of that model and config, and over the
-training runs of that model's memories); from :data:`MEASURED`, what this repository measured (each
-entry says where); from :data:`STATED`, a stated default marked as such. Nothing is silently assumed:
-every figure used carries its source into the output.
+Per memory (model × setting × with/without specs): training runs, counted at most (every trial runs); per cell (model ×
+setting × config): evaluation episodes; for both the expected model calls, prompt and completion tokens, the cost under
+a price table the user passes (there are no built-in prices) and the wall time; then the totals, and for every paired
+comparison against the baseline the minimum detectable effect of the report's exact McNemar test
+(:func:`fhirgym.analysis.paired_mde`) given its pairs and an assumed base rate. Per-episode figures come, first found,
+from result directories passed in, from :data:`MEASURED` (what this repository measured; each entry says where) or from
+:data:`STATED` (a stated default, marked as such): nothing is silently assumed, every figure used carries its source
+into the output. Sources, prices and the MDE's assumptions: docs/MEMORY.md, section "Before a run".
 """
 
 from __future__ import annotations
@@ -63,7 +59,7 @@ _SMOKE = ("docs/notes/2026-12-03-structured-reflection-smoke.md: one schema-cons
 _ONE5 = ("docs/LOCAL-AGENT.md, 2026-12-02: 48.8 s/episode (65 families, 3,172 s), 2.0 turns; 3,682 tokens/episode "
          "and 190 completion tokens (the default six families)")
 _RATIO = 48.8 / 17.9  # the 1.5B's seconds per episode over the 0.5B's, both measured here
-_PAPER = ("the paper's GPT-4.1-mini tokens per run (reference/ANCHORS.md); split assumed 95/5, 5 calls and "
+_PAPER = ("the paper's GPT-4.1-mini tokens per run (the FHIR-AgentEval paper's own table); split assumed 95/5, 5 calls and "
           "30 s/episode stated (not reported)")
 
 #: (model, config or role) → figures this repository measured. Roles: ``train`` (the training actor),

@@ -1,14 +1,13 @@
 """``fhirgym experiment run PLAN.toml --out DIR``: the paper's matrix in one command.
 
-models × configs × settings × runs. Each memory a cell needs is trained once, into
-``DIR/memories/<key>`` where the key hashes everything that decides it (training inputs, world), so a
-rerun or another cell reuses it. Every cell is an ordinary evaluation directory
-``DIR/cells/<model>/<setting>/<config>`` run with ``resume``: a killed experiment (kill -9 included)
-rerun with the same command skips every finished episode and every logged training run, and reaches
-the same results. ``DIR/report.md`` (and ``report.json``) opens with what the plan was expected to cost
-and what its comparisons could detect (:func:`estimate`, kept in ``DIR/estimate.json``; the same figures
-``--dry-run`` prints) beside what the run measured, then Figure 5a (success ± sd over runs per config ×
-setting), paired tests against the baseline, token figures and the training cost.
+models × configs × settings × runs. Each memory a cell needs is trained once, into ``DIR/memories/<key>`` where the key
+hashes everything that decides it (training inputs, world), so a rerun or another cell reuses it. Every cell is an
+ordinary evaluation directory ``DIR/cells/<model>/<setting>/<config>`` run with ``resume``: a killed experiment (kill -9
+included) rerun with the same command skips every finished episode and every logged training run, and reaches the same
+results. ``DIR/report.md`` (and ``report.json``) opens with what the plan was expected to cost and what its comparisons
+could detect (:func:`estimate`, kept in ``DIR/estimate.json``; the same figures ``--dry-run`` prints) beside what the
+run measured, then Figure 5a (success ± sd over runs per config × setting), paired tests against the baseline, token
+figures and the training cost (docs/MEMORY.md, section "The experiment").
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ from ._train import SUMMARY, TrainSpec, train_memory
 
 CONFIGS = ("baseline", "specs", "memory", "memory-specs", "memory-specs+specs")
 ESTIMATE = "estimate.json"
-#: Mean tokens per episode the paper reports for GPT-4.1-mini (ANCHORS.md): the reference column.
+#: Mean tokens per episode the paper reports for GPT-4.1-mini (the FHIR-AgentEval paper): the reference column.
 PAPER_TOKENS = {"baseline": "6.1k", "memory": "≈23k", "memory-specs+specs": "≈51k"}
 
 

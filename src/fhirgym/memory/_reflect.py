@@ -1,16 +1,13 @@
 """The two LLM steps after every training run: the evaluator's critique and the reflector's lessons.
 
-Both speak structured JSON (prompts in ``memory/prompts/``, docs/MEMORY.md), and each reply is generated
-under its JSON schema (:data:`CRITIQUE_SCHEMA`, :func:`lessons_schema`) wherever the backend can hold a
-reply to one (its ``structured_output``: a llama.cpp grammar on local models; the endpoint's
-``response_format`` / grammar / structured outputs on OpenAI-compatible ones, behind the agent's
-``FHIRGYM_CONSTRAIN``); elsewhere the schema is only asked for in the prompt. Either way the reply is
-parsed and checked: one that is not the JSON asked for is retried once with the parse error; a second bad
-reply raises :class:`Malformed`, which the training loop records as a skipped reflection, never a crash.
-A parsed lesson is then checked for content (:func:`lesson_problem`: too short, or the prompt restated);
-a failing lesson is not stored but returned under ``rejected`` with the reason. With specs, the reflector
-may first call the FHIR-spec tools (a few rounds), and the element paths it looked up are cited in its
-micro tips.
+Both speak structured JSON (prompts in ``memory/prompts/``), and each reply is generated under its JSON schema
+(:data:`CRITIQUE_SCHEMA`, :func:`lessons_schema`) wherever the backend can hold a reply to one (its
+``structured_output``, behind the agent's ``FHIRGYM_CONSTRAIN`` on OpenAI-compatible endpoints); elsewhere the schema is
+only asked for in the prompt. Either way the reply is parsed and checked: one that is not the JSON asked for is retried
+once with the parse error; a second bad reply raises :class:`Malformed`, which the training loop records as a skipped
+reflection, never a crash. A parsed lesson is then checked for content (:func:`lesson_problem`); a failing lesson is not
+stored but returned under ``rejected`` with the reason. With specs, the reflector may first call the FHIR-spec tools and
+cites the element paths it looked up. Backends and rules: docs/MEMORY.md, section "Training".
 """
 
 from __future__ import annotations

@@ -4,11 +4,10 @@
     MEMDIR/macro.faiss     inner-product index of the macro lessons' unit embeddings (row i = i-th macro)
     MEMDIR/memory.json     embedder, counts, frozen flag and content hash
 
-Macro lessons (strategy for a whole task) are found by semantic similarity to a free-text query; micro
-tips by exact (resource type, operation) key. A lesson that nearly repeats a stored one of the same kind
-(and key) is merged into it at write time: one text, both provenances. ``freeze()`` fixes the content and
-records its sha256 (over the lessons file and the embedder's name); a frozen store refuses writes, and
-evaluation only takes frozen stores, so every result line names exactly the memory it saw.
+Macro lessons (strategy for a whole task) are found by semantic similarity to a free-text query, micro tips by exact
+(resource type, operation) key. A near-repeat of a stored lesson of the same kind (and key) is merged into it at write
+time: one text, both provenances. ``freeze()`` records the content's sha256 (lessons file and embedder name); a frozen
+store refuses writes, and evaluation takes only frozen stores, so every result line names exactly the memory it saw.
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """Reflexion training: run the actor on training variations, critique, reflect, store de-identified lessons.
 
-For every (family, seed) of the selection, up to ``trials`` runs with early stop on strict success. After
-each run the evaluator critiques it and the reflector writes one macro lesson and micro tips; they are
-de-identified against that instance and stored (near-duplicates merged). Trial 2 of a variation sees the
-lessons trial 1 produced (and what else the memory retrieves for it) in its system prompt. Every run and
-every skipped reflection is logged in ``MEMDIR/training.jsonl``, its critique and any quoted reply
-de-identified like the lessons (the directory is what a user shares or serves: it holds no value of a
-training instance), and so is every lesson the content check rejected, with its reason;
-``MEMDIR/training.json`` sums the cost (episodes, tokens, calls and seconds of the actor, the evaluator and
-the reflector) and the reflections' quality (malformed replies, lessons kept and rejected, how the replies
-were held to their schema). The store is frozen at the end.
-
-With ``parallel`` > 1 or ``ray``, the actor's episodes run in an episode pool (threads here, or a Ray
-cluster's workers): every variation's first trial depends on no lesson, so those all run ahead; the
-reflections, and the later trials that depend on them, follow in the same order as one at a time, so
-the memory is the same.
+For every (family, seed) of the selection, up to ``trials`` runs with early stop on strict success. After each run the
+evaluator critiques it and the reflector writes one macro lesson and micro tips; they are de-identified against that
+instance and stored (near-duplicates merged); trial 2 of a variation sees the lessons trial 1 produced. Every run, every
+skipped reflection and every lesson the content check rejected is logged in ``MEMDIR/training.jsonl``, its critique and
+any quoted reply de-identified like the lessons (the directory is what a user shares or serves: it holds no value of a
+training instance); ``MEMDIR/training.json`` sums the cost and the reflections' quality. The store is frozen at the end.
+With ``parallel`` > 1 or ``ray``, every variation's first trial (it depends on no lesson) runs ahead in an episode pool;
+reflections and later trials follow in order, so the memory is the same (docs/MEMORY.md).
 """
 
 from __future__ import annotations

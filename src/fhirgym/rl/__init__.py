@@ -6,18 +6,8 @@
     messages = text.reset()                       # system (tools in Qwen's <tools> block) + user
     step = text.step(model_reply)                 # observations, reward, done, info
 
-Adapters: ``skyrl_env_class()``/``register_skyrl()`` (skyrl-gym's ``BaseTextEnv``, ids ``fhirgym-action``, ``fhirgym-qa``),
-``FhirTextEnv`` (Gymnasium-style), ``trl_environment()`` (TRL's ``environment_factory``). Recipes:
-``load_recipe("clip-higher")`` → ``trl_args`` / ``skyrl_overrides``; ``write_launch`` writes a SkyRL run.
-CPU training (``pip install 'fhirgym[rl]'``): ``train(TrainSpec(out, recipe, model, track))`` on TRL's
-GRPOTrainer with LoRA; ``rl_eval(model, tokenizer, n=4)`` is the evaluation protocol (docs/RL.md).
-On a GGUF base llama.cpp generates the rollouts (``LlamaRollouts``: TRL's ``rollout_func``, the LoRA
-swapped in before each batch, TRL's importance-sampling correction of the sampler/trainer mismatch on);
-``measure_curriculum(CurriculumSpec(model, tasks=...), out)`` writes a curriculum ``train`` accepts only if
-no constant reply earns the start policy's reward on it (``check_curriculum``); ``behaviour_summary``
-reads what the policy did per step from ``rollouts.jsonl``.
-Behaviour cloning (docs/TRAINING.md): ``write_trajectories(out, Selection(...))`` replays the reference
-solutions as a local model's turns; ``sft(SftSpec(out, data))`` trains on them with TRL's SFTTrainer.
+Also the SkyRL, Gymnasium-style and TRL adapters, GRPO recipes and the SkyRL launch, CPU training on TRL's GRPOTrainer
+with LoRA and llama.cpp rollouts, curricula, the evaluation protocol and behaviour cloning: docs/RL.md, "From Python".
 """
 
 from ._adapters import FhirTextEnv, register_skyrl, skyrl_env_class, trl_environment, trl_reward

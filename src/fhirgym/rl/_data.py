@@ -1,16 +1,13 @@
 """RL datasets in SkyRL's row layout, and the instances behind their rows.
 
-A row names its instance (track, task, seed, split) and the world it comes from (world seed and patient
-count: worlds are built deterministically, so a GPU machine rebuilds the same one; the sha256 is there
-to check). It never carries the gold: the environment rebuilds the instance and judges the episode.
-Action splits are disjoint seed ranges, so train, valid and test never share a (family, seed). QA rows
-name a question of the set ``build_questions(world, per_template, seed)`` makes (by its id); that set is
-split by patient, so the splits never share a QA patient. A row also names the configuration (tools) its
-prompt was written for, so an environment that rebuilds it (SkyRL passes no env config) grants those tools.
-
-Worlds, question sets and instances are built once per process and key, also when several threads ask at
-once (SkyRL opens the eight samples of a prompt together in its env threads): the first builds, the others
-wait for it instead of building the same thing again.
+A row names its instance (track, task, seed, split), the world it comes from (world seed and patient count: worlds are
+built deterministically, so a GPU machine rebuilds the same one; the sha256 is there to check) and the configuration
+(tools) its prompt was written for, so an environment that rebuilds it (SkyRL passes no env config) grants those tools.
+It never carries the gold: the environment rebuilds the instance and judges the episode. Action splits are disjoint seed
+ranges, so train, valid and test never share a (family, seed); QA rows name a question (by its id) of the set
+``build_questions(world, per_template, seed)`` makes, which is split by patient. Worlds, question sets and instances are
+built once per process and key, also when several threads ask at once (SkyRL opens the eight samples of a prompt
+together in its env threads): the first builds, the others wait for it (docs/RL.md, section "Datasets").
 """
 
 from __future__ import annotations

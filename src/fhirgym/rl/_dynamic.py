@@ -1,14 +1,13 @@
 """Dynamic sampling for TRL's GRPO: groups whose rewards are all equal are masked out of the loss.
 
-DAPO drops such groups and samples more prompts until the batch is full; TRL 1.16 has neither. A group
-whose rewards are all equal gets advantage 0 in every completion (reward minus the group mean), so it
-moves nothing, but its tokens still count in the token-mean normaliser (``num_items_in_batch``) and dilute
-the gradient of the groups that carry signal. :func:`mask_flat_groups` zeroes those groups'
-``completion_mask`` and recounts ``num_items_in_batch`` over what is left: **mask, not resample** (SkyRL's
-``zero_variance_filter=true``), so a batch may train on fewer groups than it sampled (all of them are
-logged). The trainer subclass applies it to the output of TRL's private
-``GRPOTrainer._generate_and_score_completions`` (pinned ``trl==1.16.0``; ``tests/test_rl_math.py`` fails
-if that hook's name, signature or output keys change).
+DAPO drops such groups and samples more prompts until the batch is full; TRL 1.16 has neither. A group whose rewards are
+all equal gets advantage 0 in every completion (reward minus the group mean), so it moves nothing, but its tokens still
+count in the token-mean normaliser (``num_items_in_batch``) and dilute the gradient of the groups that carry signal.
+:func:`mask_flat_groups` zeroes those groups' ``completion_mask`` and recounts ``num_items_in_batch`` over what is left:
+**mask, not resample** (SkyRL's ``zero_variance_filter=true``), so a batch may train on fewer groups than it sampled
+(all of them are logged). The trainer subclass applies it to the output of TRL's private
+``GRPOTrainer._generate_and_score_completions`` (pinned ``trl==1.16.0``; ``tests/test_rl_math.py`` fails if that hook's
+name, signature or output keys change).
 """
 
 from __future__ import annotations

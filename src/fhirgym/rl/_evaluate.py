@@ -1,14 +1,13 @@
 """The RL evaluation protocol: ``n`` passes per held-out prompt, the way RL papers report a policy.
 
-``rl_eval`` runs every row of a split ``n`` times as a :class:`TextEpisode` (the environment training
-uses) and reports the mean reward ± its standard deviation over the ``n`` pass means, pass@k for
-k = 1 … n (the unbiased estimator 1 − C(n−c, k)/C(n, k) per prompt, averaged), the mean number of turns,
-breakdowns by resource type (of the family, or the QA question's gold types) and by answer shape
-(QA shape; action tasks: ``write`` or ``read``), and what the policy did (:mod:`fhirgym.rl._behaviour`:
-the share of negative answers, mean calls, answers without a look). The policy is either a torch model
-with its tokenizer (a LoRA checkpoint, a GGUF dequantised by transformers, any HF model) sampled with
-``generate``, or a fhirgym chat backend (``local/…`` GGUF on llama.cpp, ``openai/…``,
-``openai-compatible/…`` endpoints). Episodes are written to ``episodes.jsonl`` and the report to ``report.json``.
+``rl_eval`` runs every row of a split ``n`` times as a :class:`TextEpisode` (the environment training uses) and reports
+the mean reward ± its standard deviation over the ``n`` pass means, pass@k for k = 1 … n (the unbiased estimator 1 −
+C(n−c, k)/C(n, k) per prompt, averaged), the mean number of turns, breakdowns by resource type (of the family, or the QA
+question's gold types) and by answer shape (QA shape; action tasks: ``write`` or ``read``), and what the policy did
+(:mod:`fhirgym.rl._behaviour`: the share of negative answers, mean calls, answers without a look). The policy is either
+a torch model with its tokenizer (a LoRA checkpoint, a GGUF dequantised by transformers, any HF model) sampled with
+``generate``, or a fhirgym chat backend (``local/…`` GGUF on llama.cpp, ``openai/…``, ``openai-compatible/…``
+endpoints). Episodes go to ``episodes.jsonl``, the report to ``report.json`` (docs/RL.md).
 """
 
 from __future__ import annotations

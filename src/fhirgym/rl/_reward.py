@@ -1,14 +1,12 @@
 """Rewards from verdicts: deterministic given the transcript, the same in every adapter.
 
-An action task's reward is its strict verdict (1 or 0); a QA question's is the deterministic matcher's
-verdict (``tasks.qa.score_answer``, what ``Episode.submit`` judges it by), or, when ``judge`` is set,
-the LLM judge's (``runner.LlmJudge``: FHIR-AgentBench's lenient rules, temperature 0, verdicts cached
-on disk, so a transcript gets the same reward again), but never for a "no answer" the run did not look
-for (the verdict's ``unsupported_negative``). Two optional terms, off by default:
-``light_weight`` gives a writing task that failed strict but made the essential change (the light
-validator) that much, and ``format_penalty`` takes that much off per reply that tried to call a tool but
-wrote no well-formed call. The reward never goes below 0 (a model cannot earn a negative return by
-answering at once).
+An action task's reward is its strict verdict (1 or 0); a QA question's is the deterministic matcher's verdict
+(``tasks.qa.score_answer``, what ``Episode.submit`` judges it by), or, when ``judge`` is set, the LLM judge's
+(``runner.LlmJudge``: FHIR-AgentBench's lenient rules, temperature 0, verdicts cached on disk, so a transcript gets the
+same reward again), but never for a "no answer" the run did not look for (the verdict's ``unsupported_negative``). Two
+optional terms, off by default: ``light_weight`` gives a writing task that failed strict but made the essential change
+(the light validator) that much, and ``format_penalty`` takes that much off per reply that tried to call a tool but
+wrote no well-formed call. The reward never goes below 0 (a model cannot earn a negative return by answering at once).
 """
 
 from __future__ import annotations

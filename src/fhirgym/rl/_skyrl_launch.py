@@ -1,18 +1,12 @@
 """A ready SkyRL 0.4 launch: datasets, the recipe's overrides and the RL paper's model and batch settings.
 
-Written for users with GPUs: SkyRL runs in its own environment (Python 3.12, CUDA 13, Ray 2.57, uv), which
-fhirgym does not install; the launch's header says how to get it. What a CPU machine can check is checked
-when the launch is written: the recipe, the dataset files and their layout, the batch the train split
-must fill, and the lengths SkyRL validates.
-
-``generator.max_input_length`` caps the whole multi-turn conversation (SkyRL stops the episode once its
-tokens pass it). SkyRL defaults it to ``trainer.max_prompt_length``, the first prompt's cap, which ends a
-12-turn episode after a few turns with reward 0. It is set to the model's context less one turn's
-generation: a per-turn budget cannot bound a conversation (a turn may make several calls, and thinking
-stays in the context), and the model's context is the real limit.
-
-The launch holds no absolute local path: the data directory is written relative to the launch's own
-directory, and ``FHIRGYM_DATA`` points it elsewhere on the GPU machine.
+Written for users with GPUs: SkyRL runs in its own environment (Python 3.12, CUDA 13, Ray 2.57, uv), which fhirgym does
+not install; the launch's header says how to get it. What a CPU machine can check is checked when the launch is written:
+the recipe, the dataset files and their layout, the batch the train split must fill, and the lengths SkyRL validates.
+``generator.max_input_length`` caps the whole multi-turn conversation; SkyRL's default (the first prompt's cap) ends a
+12-turn episode after a few turns with reward 0, so it is set to the model's context less one turn's generation. The
+launch holds no absolute local path: the data directory is written relative to the launch's own directory, and
+``FHIRGYM_DATA`` points it elsewhere on the GPU machine (docs/RL.md, section "SkyRL on GPUs").
 """
 
 from __future__ import annotations

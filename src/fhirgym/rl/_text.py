@@ -1,15 +1,13 @@
 """Text in, text out: an :class:`~fhirgym.env.Episode` driven by what a policy model writes.
 
-``reset()`` gives the chat messages a model starts from (system prompt with the tools in Qwen's
-native ``<tools>`` block, then the clock, the request and the agents' closing nudge to look things up:
-the prompt an evaluated agent sees); ``step(text)`` reads the tool calls in the
-model's reply (``<tool_call>`` JSON, fenced JSON, bare JSON; a fenced ```` ```python ```` block is a
-call of the ``python`` tool where the configuration grants one), runs them through the episode and
-returns their results as ``tool`` messages. A reply without a call is the final answer, and so is the
-``answer`` of a ``finish`` call (where granted): the episode is judged and the reward given. A reasoning
-model's thinking (``<think>…</think>``, Qwen3's) is dropped before a reply is read (:func:`strip_reasoning`):
-a call written while thinking never runs and a draft answer there is never judged. The adapters
-(SkyRL, Gymnasium-style, TRL) are thin shells over this.
+``reset()`` gives the chat messages a model starts from (system prompt with the tools in Qwen's native ``<tools>``
+block, then the clock, the request and the agents' closing nudge: the prompt an evaluated agent sees); ``step(text)``
+reads the tool calls in the model's reply (``<tool_call>`` JSON, fenced JSON, bare JSON; a fenced ```` ```python ````
+block is a call of the ``python`` tool where the configuration grants one), runs them through the episode and returns
+their results as ``tool`` messages. A reply without a call is the final answer, and so is the ``answer`` of a ``finish``
+call: the episode is judged and the reward given. A reasoning model's thinking (``<think>…</think>``, Qwen3's) is
+dropped before a reply is read (:func:`strip_reasoning`): a call written while thinking never runs and a draft answer
+there is never judged. The adapters (SkyRL, Gymnasium-style, TRL) are thin shells over this (docs/RL.md).
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """Expert trajectories: each instance's reference solution, replayed as a local model's turns.
 
-fhirgym has a verified expert for every instance (the family's reference solution; a QA question's
-reference program), so behaviour cloning needs no human data. A trajectory is that solution replayed
-**as model turns through the evaluation path itself**: :func:`~fhirgym.runner.run_episode` drives the
-evaluated agent (ReAct, or CodeAct for QA) on a real :class:`~fhirgym.env.Episode` with the local
-model's backend, except that the model's replies come from the reference (one call a turn, then the
-final answer). Every prompt is rendered by :meth:`LocalBackend.render <fhirgym.agents.LocalBackend.render>`
-— the very text and tokens llama.cpp is given at evaluation time: system prompt, tool block, worked
-example, clock, request, nudge, tool results cut to the local budget — and every reply must be one the
-turn's grammar lets llama.cpp sample (:meth:`ChatTemplate.accepts
-<fhirgym.agents.ChatTemplate.accepts>`) and fit the reply limit. A trajectory is kept only if the
-replayed episode passes strict validation; the others are listed with the reason, never dropped.
-
-The tokens are stored (llama.cpp's tokenizer, as the chat handler tokenizes): a trajectory is prompt
-segments (masked) and reply segments (trained: the reply and its end-of-turn token), which concatenate
-to exactly the conversation's token stream.
+fhirgym has a verified expert for every instance (the family's reference solution; a QA question's reference program),
+so behaviour cloning needs no human data. A trajectory is that solution replayed **as model turns through the evaluation
+path itself**: :func:`~fhirgym.runner.run_episode` drives the evaluated agent (ReAct, or CodeAct for QA) on a real
+:class:`~fhirgym.env.Episode` with the local model's backend, but the model's replies come from the reference. Every
+prompt is rendered by :meth:`LocalBackend.render <fhirgym.agents.LocalBackend.render>`, the very text and tokens
+llama.cpp is given at evaluation time; every reply must be one the turn's grammar lets llama.cpp sample
+(:meth:`ChatTemplate.accepts <fhirgym.agents.ChatTemplate.accepts>`) and fit the reply limit. A trajectory is kept only
+if the replayed episode passes strict validation; the others are listed with the reason (docs/TRAINING.md).
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """Episodes in flight: instances built once, many episodes at a time, every result written once.
 
-An evaluation against a served model spends almost all of its wall time waiting for the model, so it
-runs K episodes at once (``--parallel K``). The pieces here serve a run in this process (K threads)
-and a run on Ray (``_ray.py``: threads in worker actors on any node, results streamed to the driver),
-so both give the same lines:
-
-- :class:`Recipe` — what builds an episode's instance: the task, the instance's seed (a sealed run
-  derives it on the driver: the secret never leaves it), the paraphrase, or a QA question;
-- :class:`InstanceCache` — every instance built once however many episodes ask for it at once (its
-  runs), and dropped once the run has moved on, so memory follows K, not the size of the run;
-- :class:`EpisodeRunner` — one episode of a run (the agent, configuration and settings it shares);
-- :class:`ResultSink` — the transcript, then the line (``_results.py``), once per episode id;
-- :class:`ThreadPool` — K threads over an :class:`EpisodeRunner`; each writes its own results, so
-  their ``fsync`` waits overlap.
-
-Threads (not asyncio): agents are synchronous by protocol (``run(task)``, plug-ins and ``cmd:``
-programs included), and what an episode costs the harness is CPU either way (bench/bench_scale.py).
+An evaluation against a served model spends almost all of its wall time waiting for the model, so it runs K episodes at
+once (``--parallel K``). The pieces here serve a run in this process (K threads) and a run on Ray (``_ray.py``), so both
+give the same lines: a :class:`Recipe` is what builds an episode's instance (a sealed run derives its seed on the
+driver: the secret never leaves it); an :class:`InstanceCache` builds every instance once however many episodes ask for
+it at once, and drops it once the run has moved on, so memory follows K, not the size of the run; an
+:class:`EpisodeRunner` runs one episode; a :class:`ResultSink` writes the transcript, then the line, once per episode
+id; a :class:`ThreadPool` runs K threads, each writing its own results so that their ``fsync`` waits overlap. Threads,
+not asyncio: agents are synchronous by protocol, and an episode's harness cost is CPU either way (docs/SCALE.md).
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
 """Evaluation runs: tasks × seeds × paraphrases × runs of one agent and configuration, into a directory.
 
-``run_eval(EvalSpec(...))`` plans the episodes, skips those already in ``results.jsonl`` when resuming,
-runs the rest (``parallel`` at a time, each an :class:`~fhirgym.env.Episode` on its own store forked
-from the task instance's pre-run snapshot; in this process, or on Ray with ``ray=``: ``_dispatch.py``,
-``_ray.py``) and appends one line per finished episode (docs/RESULTS.md).
-
-A sealed run (``sealed=True``) derives every instance's seed from a secret drawn at the start
-(HMAC-SHA256 of ``task_id|seed``): public code plus the public seeds cannot rebuild the gold while the
-run goes on. ``run.json`` holds only the secret's sha256 until the run ends (normally, by an exception
-or Ctrl-C), then the secret itself; ``secret=`` replays or resumes a sealed run.
+``run_eval(EvalSpec(...))`` plans the episodes, skips those already in ``results.jsonl`` when resuming, runs the rest
+(``parallel`` at a time, each an :class:`~fhirgym.env.Episode` on its own store forked from the task instance's pre-run
+snapshot; in this process, or on Ray with ``ray=``: ``_dispatch.py``, ``_ray.py``) and appends one line per finished
+episode (docs/RESULTS.md). A sealed run (``sealed=True``) derives every instance's seed from a secret drawn at the start
+(HMAC-SHA256 of ``task_id|seed``): public code plus the public seeds cannot rebuild the gold while the run goes on.
+``run.json`` holds only the secret's sha256 until the run ends (normally, by an exception or Ctrl-C), then the secret
+itself; ``secret=`` replays or resumes a sealed run.
 """
 
 from __future__ import annotations

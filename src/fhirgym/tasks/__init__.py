@@ -4,15 +4,10 @@
     world = TaskWorld.open(path_of_a_world_file)
     inst = make_instance("scheduling.book_first_free_slot", seed=3, world=world)
     with inst.open() as fork:           # isolated store at the pre-run state
-        ...                              # the reference solution works through fork.toolbox()
-        verdict = fork.finish(final_answer, calls=box.calls)   # box = fork.toolbox()
+        verdict = fork.finish(final_answer, calls=box.calls)   # the reference works through box = fork.toolbox()
 
-Agents never get a fork: they work in a :class:`fhirgym.env.Episode`.
-
-Writing a family (docs/TASKS.md) takes only what this package exports: ``Family``, ``register``, ``Gold``,
-``Expect``, ``AnswerSpec``/``Field``/``NOT_FOUND``/``answer_text``, the modules ``checks`` (the checks of
-expected changes), ``facts`` (world facts), ``draw`` (seeded choices, "nothing found" seeds, phrasing) and
-``solve`` (the reference solution's client), and ``codes`` (code systems).
+Agents never get a fork: they work in a :class:`fhirgym.env.Episode`. Writing a family takes only what this package
+exports, the authoring kit of docs/TASKS.md (``Family``, ``register``, ``Gold``, ``checks``, ``facts``, ...).
 """
 
 from ..spec import codes

@@ -1,18 +1,13 @@
 """Final answers: the format a prompt asks for, lenient parsing, and comparison with the gold value.
 
-The published sandbox compared answers as exact strings, accepted one timestamp format and checked
-"nothing found" by a substring of one English sentence. Here every answer is a small JSON object
-inside ``<answer>…</answer>`` whose fields have *kinds* (id, ids, int, number, datetime, date, text,
-bool); parsing accepts tags or bare JSON, any key case, single quotes, ``Type/id`` or bare ids, and
-equivalent date formats; "nothing found" is the structured value ``{"found": false}`` (``none``,
-``null``, ``not found`` and an object whose every field is null also read as it) — but an empty reply
-is never read as "nothing found".
-
-Generous in form, strict in commitment (:func:`one_value`): a number with its unit or noun
-(``"7.0 %"``, ``"39 slots"``), a Reference object for an id, a one-element list for one value are
-read as that value; an answer that names several candidates for one value (``"Patient/a, Patient/b"``,
-``["a", "b"]``, ``"7 or 8"``), says "nothing found" next to a value, or gives answer tags that
-disagree is wrong whatever the gold.
+The published sandbox compared answers as exact strings, accepted one timestamp format and checked "nothing found" by a
+substring of one English sentence. Here every answer is a small JSON object in ``<answer>…</answer>`` whose fields have
+*kinds* (id, ids, int, number, datetime, date, text, bool); parsing accepts tags or bare JSON, any key case, single
+quotes, ``Type/id`` or bare ids, equivalent date formats; "nothing found" is ``{"found": false}`` (also ``none``,
+``null``, ``not found``, an all-null object), but an empty reply never is. Generous in form, strict in commitment
+(:func:`one_value`): a number with its unit or noun, a Reference object for an id, a one-element list for one value are
+read as that value; an answer that names several candidates for one value, says "nothing found" next to a value, or
+gives answer tags that disagree is wrong whatever the gold (docs/TASKS.md, section "Answers").
 """
 
 from __future__ import annotations

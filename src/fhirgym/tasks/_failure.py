@@ -1,14 +1,11 @@
-"""Failure modes of a run (ANCHORS.md §1) and its proximity to the closest gold tool sequence.
+"""Failure modes of a run (FHIR-AgentEval) and its proximity to the closest gold tool sequence.
 
-Computed from the call log and the verdict only, so the same function labels runs of any agent:
-
-- ``incorrect_tool_selection``: no gold sequence's tool multiset is covered by the calls made;
-- ``incorrect_tool_order``: the tools were there, but no gold sequence is a subsequence of the calls;
-- ``incorrect_resource_type``: a resource type the task requires was never touched by a call;
-- ``prohibited_tool``: a tool the task prohibits was called;
-- ``tool_errors``: at least one call returned an error;
-- ``collateral_writes``: the store changed where the task did not ask for it;
-- ``other``: the run failed for none of these reasons (e.g. a wrong value or answer).
+Computed from the call log and the verdict only, so the same function labels runs of any agent.
+``incorrect_tool_selection``: no gold sequence's tool multiset is covered by the calls made; ``incorrect_tool_order``:
+the tools were there, but no gold sequence is a subsequence of the calls; ``incorrect_resource_type``: a resource type
+the task requires was never touched by a call; ``prohibited_tool``: a tool the task prohibits was called;
+``tool_errors``: at least one call returned an error; ``collateral_writes``: the store changed where the task did not
+ask for it; ``other``: the run failed for none of these reasons (e.g. a wrong value or answer).
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """Perturbed reference solutions: proof that strict validators reject near-misses and accept rewrites.
 
-Each *wrong* mutation runs a family's reference solution through a toolbox that corrupts its writes
-(or its answer) in one way a careless or hostile agent would: the wrong target entity, a required
-element left out, a wrong value, a write left out, an extra unrelated write, a scratch resource
-created and deleted again, a coding of another concept next to the right one (at every coded element the gold checks, in another
-system and in the same one), a wrong target next to the right one,
-a modifier that negates the resource (``doNotPerform``, a cancelling status, ``active: false``), an
-unknown ``modifierExtension``, a rewritten narrative or an added security label on an update, an answer
-hedged between two candidates. A validator that passes one of them is too loose.
-
-Each *equivalent* mutation changes only the form: instants written with ``+00:00`` instead of ``Z``,
-decimals with a trailing ``.0``, the right codings with a display of the agent's own wording, an extra update that leaves a resource's content as it was, the answer
-with units, Reference objects, one-element lists or all-null fields for "nothing found". A validator
-that fails one of them is too strict.
+Each *wrong* mutation runs a family's reference solution through a toolbox that corrupts its writes (or its answer) in
+one way a careless or hostile agent would: the wrong target entity, a required element left out, a wrong value, a write
+left out, an extra unrelated write, a scratch resource created and deleted again, a coding of another concept next to
+the right one, a wrong target next to the right one, a modifier that negates the resource, an unknown
+``modifierExtension``, a rewritten narrative or an added security label on an update, an answer hedged between two
+candidates. A validator that passes one of them is too loose. Each *equivalent* mutation changes only the form (instants
+with ``+00:00``, decimals with ``.0``, codings with the agent's own display, a content-identical update, the answer with
+units or Reference objects, ...); a validator that fails one is too strict (docs/TASKS.md, "Checking a family").
 """
 
 from __future__ import annotations

@@ -1,16 +1,13 @@
 """Paraphrased prompts: the same instance asked in other words, generated once per (task, seed, model).
 
-The body of the prompt (not the answer-format sentence, which is re-appended verbatim) is rewritten by
-any chat model. A paraphrase is accepted only if every entity of the original survives: each parameter
-value quoted in the prompt (names, codes, ids), every number (dates, times, doses) and month name;
-otherwise it is rejected and retried. Accepted paraphrases are cached on disk, so settings that test
-robustness to wording (ANCHORS.md §1, settings 3 and 4) are reproducible without the model.
-
-Offline, every family also has phrasings written by us (``data/phrasings.json``: per-family templates,
-and generic rewrites and framings as the fallback for families of other packages), checked the same way:
-:func:`written_paraphrase`;
-:func:`offline_paraphrase` takes a cached LLM paraphrase when there is one, else the written one, and
-the instance records which (``paraphrase_source``: ``llm-cache`` or ``written``).
+The body of the prompt (not the answer-format sentence, which is re-appended verbatim) is rewritten by any chat model. A
+paraphrase is accepted only if every entity of the original survives: each parameter value quoted in the prompt (names,
+codes, ids), every number (dates, times, doses) and month name; otherwise it is rejected and retried. Accepted
+paraphrases are cached on disk, so settings that test robustness to wording (the FHIR-AgentEval paper's settings 3 and 4) are
+reproducible without the model. Offline, every family also has phrasings written by us (``data/phrasings.json``:
+per-family templates, and generic rewrites and framings as the fallback for families of other packages), checked the
+same way: :func:`written_paraphrase`; :func:`offline_paraphrase` takes a cached LLM paraphrase when there is one, else
+the written one, and the instance records which (``paraphrase_source``: ``llm-cache`` or ``written``; docs/MEMORY.md).
 """
 
 from __future__ import annotations

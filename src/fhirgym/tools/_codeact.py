@@ -1,18 +1,13 @@
 """CodeAct tools: fetch a patient's resources into the episode's workspace, then compute over them in Python.
 
 FHIR-AgentBench's tool pair (``get_resources_by_patient_fhir_id`` + ``execute_python_code`` with
-``retrieved_resources``), with what went wrong there fixed: a re-fetch merges into the workspace instead
-of overwriting what an earlier fetch of the same type brought (the result says what changed), and the
-code runs in the process sandbox (``_sandbox.py``) under real limits instead of a bare ``exec`` whose
-timeout is ignored. Tool arguments get the checks of the CRUD tools (R4 types, FHIR ids, parameter
-names, paging links of this server only).
-
-Inside the sandbox the code also has the FHIR CRUD operations as functions (``search``,
-``read_resource``, ``create_resource``, ``update_resource``, ``delete_resource``). They are an RPC over
-two pipes the sandboxed process inherits (it has no network at all): the host reads each request while
-the code runs, runs it as the tool call it names (``fhir_get``, ``getResourceById``, ``createResource``,
-...) through the episode's :meth:`~fhirgym.env.Episode.step` — the same argument checks, the same call
-log, only the granted tools — and writes the result back. The host stops serving when the call ends.
+``retrieved_resources``), with what went wrong there fixed: a re-fetch merges into the workspace instead of overwriting
+what an earlier fetch of the same type brought (the result says what changed), and the code runs in the process sandbox
+(``_sandbox.py``) under real limits instead of a bare ``exec`` whose timeout is ignored. Tool arguments get the checks
+of the CRUD tools. Inside the sandbox the code also has the FHIR CRUD operations as functions (``search``,
+``read_resource``, ``create_resource``, ...): an RPC over two pipes the sandboxed process inherits (it has no network at
+all), each request run by the host as the tool call it names through the episode's :meth:`~fhirgym.env.Episode.step`
+(the same checks, the same call log, only the granted tools; docs/CODEACT.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """FHIR CRUD tools: the six calls of the published sandbox, over any :class:`~fhirgym.fhir.FhirClient`.
 
-Same names and arguments as FHIR-AgentEval's MCP server (ANCHORS.md §1) so transcripts compare, with
+Same names and arguments as FHIR-AgentEval's MCP server so transcripts compare, with
 what its users asked for: outputs bounded by the context budget with an explicit note of what was left
 out and how to get it (``next_page_url``), unsupported search parameters rejected (the server is strict),
 and errors as compact results (HTTP status + OperationOutcome issues with their expressions).

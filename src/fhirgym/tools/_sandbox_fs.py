@@ -1,20 +1,13 @@
 """The sandbox's host side of files and identity: who the code runs as, and what it writes to.
 
-Why this exists: bubblewrap maps the code's uid to the uid that started it. Under a root host that made
-the code root on the host (uid_map ``65534 0 1``): no capability, but owner of every root-owned file it
-could reach (``/proc/sys``, device nodes, a setuid-root binary planted in the workspace). So a root host
-starts the sandbox as an unprivileged **sandbox uid/gid** (``setpriv``, after the cgroups are joined), and
-the code is that uid on the host. What that uid cannot reach (an interpreter under ``/root``) is
-bind-mounted read-only into a *stage* directory it can reach; the workspace is a per-episode tmpfs
-(size-capped, ``nosuid,nodev,noexec``, its pages counted by the memory cgroup of whoever writes them)
-whose root the code cannot chmod, inside a private 0700 parent.
-
-A normal user's sandbox runs as that user (the kernel allows nothing else without privileges): the
-workspace is a directory in a private 0700 parent, so nothing the code makes is reachable by anyone
-else; there is no mount, so no disk cap beyond RLIMIT_FSIZE per file (docs/SANDBOX.md says so).
-
-Hand-written (``mount(2)`` through ctypes): no maintained Python binding covers bind/tmpfs mounts and
-detaching unmounts, and the calls are four.
+Why this exists: bubblewrap maps the code's uid to the uid that started it. Under a root host that made the code root on
+the host (uid_map ``65534 0 1``): no capability, but owner of every root-owned file it could reach (``/proc/sys``,
+device nodes, a setuid-root binary planted in the workspace). So a root host starts the sandbox as an unprivileged
+**sandbox uid/gid** (``setpriv``, after the cgroups are joined); what that uid cannot reach is bind-mounted read-only
+into a *stage* directory, and the workspace is a per-episode size-capped ``nosuid,nodev,noexec`` tmpfs whose root the
+code cannot chmod. A normal user's sandbox runs as that user, in a private 0700 parent, with no disk cap beyond
+RLIMIT_FSIZE per file (docs/SANDBOX.md, section "Root hosts and normal users"). Hand-written (``mount(2)`` through
+ctypes): no maintained Python binding covers bind/tmpfs mounts and detaching unmounts, and the calls are four.
 """
 
 from __future__ import annotations

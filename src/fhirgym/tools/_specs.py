@@ -1,6 +1,6 @@
 """FHIR R4 specification tools: what a resource or datatype holds and how it is searched.
 
-The four spec tools of FHIR-AgentEval's MCP server (ANCHORS.md §1), answered from HL7's official
+The four spec tools of FHIR-AgentEval's MCP server, answered from HL7's official
 definitions (:mod:`fhirgym.spec`) only, so an agent never sees a hand-written approximation. Answers
 are compact (one small object per element or parameter; the boilerplate every element allows is left
 out) and bounded by the context budget: what does not fit is counted in ``omitted`` and the answer says

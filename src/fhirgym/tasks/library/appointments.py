@@ -1,26 +1,11 @@
-"""Scheduling & appointments, the writing half (ANCHORS.md §1): book, cancel, waitlist and reschedule.
+"""Scheduling & appointments, the writing half (FHIR-AgentEval): book, cancel, waitlist and reschedule.
 
-Every family here changes the server: an Appointment (created or updated) and, whenever a slot is taken
-or given back, its Slot (updated in place, nothing else changed). The shapes are stated in each prompt:
-
-- **booked**: Appointment ``status`` booked, ``slot`` → the Slot, ``start``/``end`` = the slot's, the
-  patient and the practitioner as participants with status accepted; the Slot becomes ``busy``;
-- **cancelled**: the Appointment's ``status`` becomes cancelled (``cancelationReason`` when the prompt
-  gives one, tolerated otherwise) and its Slot becomes ``free``; participant statuses may change, the
-  participants themselves may not;
-- **waitlist**: Appointment ``status`` waitlist with a ``requestedPeriod``, no slot and no start;
-  removing someone from the waitlist sets that entry's status to cancelled (never a delete).
-
-Rescheduling updates the existing Appointment (never cancel + re-create): the prompt says so.
-
-The world's traps (``world._admin``): same-name practitioner pairs (the prompt qualifies such a doctor by
-specialty or city), free slots of other doctors at the very same instant, slots kept for urgent visits,
-an entered-in-error duplicate of a real booking, stale "booked" appointments earlier than now, and a
-clock (``view.now``) that falls on weekdays, weekends and late evenings. Patients are named with their
-birth date (a few patients share a name). Gold is computed from world facts cached per world file;
-:class:`RescheduleNextMonday` (when no booking of the world fits the clock) and :class:`RescheduleOtherProvider`
-(always: the world's bookings with exactly one alternative are too few to vary the gold) add setup, one
-staged booking, and their gold reads it from their params.
+Every family here changes an Appointment and, when a slot is taken or given back, its Slot, in the shapes
+each prompt states (booked, cancelled, waitlist; rescheduling updates the existing Appointment). The
+world's traps (same-name doctors, simultaneous free slots of other doctors, urgent slots, an
+entered-in-error duplicate, stale bookings, any clock) are what the families test; gold comes from world
+facts cached per world file, and two reschedule families stage one booking of their own
+(docs/TASKS.md, "The built-in library").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Insurance & billing (ANCHORS.md §1, 9 tasks): coverage, related persons, accounts and guarantors.
+"""Insurance & billing (FHIR-AgentEval, 9 tasks): coverage, related persons, accounts and guarantors.
 
 The world (``world/_admin.py``) gives every case: uninsured patients, dependants whose subscriber is a
 RelatedPerson, replaced (``cancelled``) and ``entered-in-error`` coverages beside the active one, and

@@ -1,26 +1,12 @@
-"""Clinical orders and chart questions in the style of MedAgentBench (ANCHORS.md §4).
+"""Clinical orders and chart questions in the style of MedAgentBench.
 
-Reads: a patient by MRN and the MRN of a patient, age today, the latest lab of the last 24 hours, the
-mean of a lab over a window, the latest glucose, the last HbA1c, the number of distinct active drugs
-and the last outpatient visit. Writes: vital signs (blood pressure panel, weight, heart rate,
-temperature converted from °F), conditional IV magnesium, HbA1c re-order when the last one is over a
-year old, conditional potassium replacement with a next-morning lab, a specialist referral with a
-note, stopping a prescription, a new prescription, an allergy, an immunization given today and
-voiding a mis-charted observation.
-
-Labs near the frozen ``now`` are added by each instance's setup (ids of the world's form from ``view.new_id``, at most two
-resources, since every setup write costs about a millisecond), so every branch occurs in every world;
-setups mix in the world's kinds of ambiguity (entered-in-error results with a decimal slip placed
-after the real one, older results on the other side of a threshold). Questions about the past (last
-HbA1c, latest glucose, mean over dates, medications, visits) read the world as built, whose own
-entered-in-error copies shadow the latest values. Patients are always named with their birth date or
-their MRN because the world has namesakes.
-
-Conditional orders whose "no order" branch writes nothing come as a pair of families with the same
-prompt: the writing one (order needed) and a read-only sibling (nothing to order), because the
-framework's light validator and mutation rule need every instance of a writing family to write.
-Gold answers read cached base-world indexes plus the instance's own setup resources, never the
-reference solution.
+Reads (a patient by MRN, age, recent and mean labs, the last HbA1c, active drugs, the last visit) and
+writes (vital signs, conditional orders, referrals, prescriptions, allergies, immunizations, voiding a
+mis-charted observation). Setups add at most two labs near the frozen ``now``, so every branch occurs in
+every world, and mix in the world's ambiguity; a conditional order whose other branch writes nothing is a
+pair of families with one prompt, since every instance of a writing family must write. Gold reads cached
+base-world indexes plus the instance's own setup, never the reference solution (docs/TASKS.md,
+"The built-in library").
 """
 
 from __future__ import annotations

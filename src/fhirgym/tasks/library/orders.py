@@ -1,4 +1,4 @@
-"""Surgery & genetic test orders (ANCHORS.md §1, 7 tasks): ServiceRequests for planned surgery and genetic
+"""Surgery & genetic test orders (FHIR-AgentEval, 7 tasks): ServiceRequests for planned surgery and genetic
 testing, the reports and family history that support a genetic order.
 
 The world's ``_genetics`` generator gives every genetic work-up one order (a gene panel, exome or genome

@@ -1,4 +1,4 @@
-"""Patient records (ANCHORS.md §1, 7 tasks): register, find, report absence, conditions, family history."""
+"""Patient records (FHIR-AgentEval, 7 tasks): register, find, report absence, conditions, family history."""
 
 from __future__ import annotations
 

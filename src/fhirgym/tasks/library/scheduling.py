@@ -1,15 +1,9 @@
-"""Scheduling & appointments, read-only (ANCHORS.md §1, 10 tasks): free slots and who holds a booking.
+"""Scheduling & appointments, read-only (FHIR-AgentEval, 10 tasks): free slots and who holds a booking.
 
-Every question is about the 30-minute Slots of the practitioners' Schedules (weekdays only, clinic
-times in UTC, see ``fhirgym.world._admin``): the earliest free slot of a specialty, of a doctor
-matching language/gender/city or of a named doctor; counts of free (or free urgent) slots in a
-window; the free slots on next <weekday>, around a follow-up date or on <weekday> mornings; and which
-patient holds a doctor's (or a clinic's) appointment at a given time. Conventions the prompts state:
-"free" is ``Slot.status = free`` (lunch, admin and out-of-office blocks are ``busy-unavailable``);
-only slots starting at or after the current time are bookable; "routine" slots exclude the ones
-reserved for urgent visits (``appointmentType`` v2-0276 ``EMERGENCY``); "next Tuesday" is the first
-Tuesday strictly after today. Same-name doctors are disambiguated in the prompt by specialty (and
-city when the specialty is shared); retired doctors and ended roles have no slots and never count.
+Every question is about the 30-minute Slots of the practitioners' Schedules: earliest free slots by
+specialty, doctor traits or name, counts in a window, the free slots of a stated day or morning, and who
+holds a booking. The conventions the prompts state ("free", bookable, "routine", "next Tuesday",
+same-name doctors) are in docs/TASKS.md, "The built-in library".
 """
 
 from __future__ import annotations

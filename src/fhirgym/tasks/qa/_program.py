@@ -1,18 +1,13 @@
 """Reference CodeAct programs: the fetches and the Python a QA question needs, written out as source.
 
-For each question, :func:`reference_program` gives the ``fhir_query`` (or ``fhir_get``) calls that bring
-the patient's records into the CodeAct workspace and a short stdlib-only Python program that computes
-the gold answer from ``retrieved_resources``. The program is what a skilled agent would write: it
-re-derives events from the raw FHIR JSON (status, categories, codings, periods, ``partOf`` visits) by
-the conventions the question states, so it is a third implementation of the ground truth next to the
-generator (``_facts.py`` + ``_templates.py``) and the tests' SQL oracle, and, replayed through an
-episode, a verified expert trajectory to clone.
-
-The source is generated, not hand-written per template: one block per event kind, window and operation,
-with the question's values (names, threshold, current time, window bounds) as literals. It imports
-nothing but ``datetime``, never fhirgym (it runs in the sandbox), and is deterministic. Its ``answer`` has
-the gold's form (a list of strings for names, a float rounded to 4 places, a "YYYY-MM-DD HH:MM:SS" string,
-True/False, an int; None for nothing to report); :func:`program_reply` writes the final reply from it.
+For each question, :func:`reference_program` gives the ``fhir_query`` (or ``fhir_get``) calls that bring the patient's
+records into the CodeAct workspace and a short stdlib-only Python program that computes the gold answer from
+``retrieved_resources``. The program is what a skilled agent would write: it re-derives events from the raw FHIR JSON by
+the conventions the question states, so it is a third implementation of the ground truth next to the generator
+(``_facts.py`` + ``_templates.py``) and the tests' SQL oracle, and, replayed through an episode, a verified expert
+trajectory to clone. The source is generated, not hand-written per template, imports nothing but ``datetime`` (it runs
+in the sandbox) and is deterministic; its ``answer`` has the gold's form, and :func:`program_reply` writes the final
+reply from it (docs/QA.md, section "Reference CodeAct programs").
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """Deterministic scoring of free-text answers, one matcher per answer shape, and retrieval P/R.
 
-FHIR-AgentBench scores answers with an LLM judge (o4-mini) under lenient rules; this matcher applies
-fixed rules instead, so a reward is a pure function of the transcript:
-
-- the answer is the text after the last "The final answer is:" (or inside the last
-  ``<answer>…</answer>``), else the whole reply;
-- a question without gold ids accepts a no-answer reply ("no answer", "none", "not found", …) and,
-  for yes/no and counts, also "no" / 0 (FHIR-AgentBench maps empty gold ids to "no answer", and its
-  judge reads an empty gold as zero or no answer);
-- yes/no: the first yes/no/true/false word; datetimes: the first date-time, equal to the minute;
-  datetime lists: the set of date-times, to the minute; categorical strings: every gold string as a
-  whole phrase, case and punctuation ignored (gender also as F/M);
-- numbers: the first number once dates are removed, within the question's tolerance or 0.5 % of
-  the gold value; a unit written after it is converted (time units; kg/g/lb); counts are exact;
-  grouped lists: the numbers in order, each within tolerance, none missing or extra.
-
-Retrieval follows FHIR-AgentBench's ``utils/metrics_utils.py`` exactly (see :func:`retrieval_scores`).
+FHIR-AgentBench scores answers with an LLM judge (o4-mini) under lenient rules; this matcher applies fixed rules
+instead, so a reward is a pure function of the transcript. The answer is the text after the last "The final answer is:"
+(or inside the last ``<answer>…</answer>``), else the whole reply; a question without gold ids accepts a no-answer reply
+(FHIR-AgentBench maps empty gold ids to "no answer", and its judge reads an empty gold as zero or no answer); then one
+rule per shape: the first yes/no word, date-times to the minute, categorical strings as whole phrases, numbers within
+the question's tolerance or 0.5 % of the gold value (units converted), counts exact, grouped lists in order. The rules
+in full: docs/QA.md, section "Scoring". Retrieval follows FHIR-AgentBench's ``utils/metrics_utils.py`` exactly (see
+:func:`retrieval_scores`).
 """
 
 from __future__ import annotations

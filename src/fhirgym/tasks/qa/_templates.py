@@ -1,14 +1,12 @@
 """Question templates in FHIR-AgentBench's style and the one engine that answers them.
 
-A template is data: an event kind (labs, vitals, drugs, …), an operation (exists, first/last time,
-value, count, min/max/mean, sum, difference, …), the time windows it may carry, the slots it samples
-and its phrasings. :func:`answer` computes the gold answer and the gold resource ids of any template
-from a :class:`PatientFacts`; the tests recompute both from the raw world file with SQL.
-
-Conventions every gold answer follows (stated in each question's context): only records up to the
-assumed current time exist; records marked entered-in-error are ignored; a hospital visit is an
-inpatient Encounter (class IMP), and an event belongs to it when its encounter is the visit or an
-Encounter ``partOf`` it; the first/last visit is among finished visits; times are UTC.
+A template is data: an event kind (labs, vitals, drugs, …), an operation (exists, first/last time, value, count,
+min/max/mean, sum, difference, …), the time windows it may carry, the slots it samples and its phrasings. :func:`answer`
+computes the gold answer and the gold resource ids of any template from a :class:`PatientFacts`; the tests recompute
+both from the raw world file with SQL. Every gold answer follows the conventions stated in each question's context (only
+records up to the assumed current time; entered-in-error ignored; a hospital visit is an inpatient Encounter (class
+IMP), and an event belongs to it when its encounter is the visit or an Encounter ``partOf`` it; first/last visit among
+finished visits; times in UTC): docs/QA.md, section "Conventions every gold answer follows".
 """
 
 from __future__ import annotations
