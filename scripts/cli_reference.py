@@ -6,10 +6,10 @@ The reference is generated, never written by hand, so it cannot drift from the o
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
+from _generated import write_or_check
 
 from fhirgym.cli import main
 
@@ -40,10 +40,4 @@ def reference() -> str:
 
 
 if __name__ == "__main__":
-    text = reference()
-    if "--check" in sys.argv[1:]:
-        if not PAGE.is_file() or PAGE.read_text() != text:
-            sys.exit(f"{PAGE} is stale: run python scripts/cli_reference.py")
-    else:
-        PAGE.write_text(text)
-        print(f"{PAGE}: {len(text):,} characters")
+    write_or_check(PAGE, reference(), "cli_reference.py")

@@ -6,8 +6,9 @@ held-out split they are on cannot drift from the code; ``tests/test_docs.py`` ru
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
+
+from _generated import write_or_check
 
 from fhirgym.tasks import families, heldout_split
 
@@ -40,10 +41,4 @@ def reference() -> str:
 
 
 if __name__ == "__main__":
-    text = reference()
-    if "--check" in sys.argv[1:]:
-        if not PAGE.is_file() or PAGE.read_text() != text:
-            sys.exit(f"{PAGE} is stale: run python scripts/families_reference.py")
-    else:
-        PAGE.write_text(text)
-        print(f"{PAGE}: {len(text):,} characters")
+    write_or_check(PAGE, reference(), "families_reference.py")
