@@ -12,6 +12,7 @@ vocabulary, too slow for an export every training step. docs/RL.md, "Serving a c
 
 from __future__ import annotations
 
+import functools
 import json
 import mmap
 import re
@@ -100,6 +101,15 @@ def _output_weight(reader: Any) -> Any:
     raise ValueError("the base GGUF has no output.weight (a tied head): its trained rows cannot be exported")
 
 
+@functools.lru_cache(maxsize=4)
+def _base_rows(base_gguf: str, ids: tuple[int, ...]) -> Any:
+    """The base head's rows at ``ids``, read once per base (a GRPO run exports the adapter every batch, and
+    reading the head costs a full ``GGUFReader`` pass)."""
+    from gguf import GGUFReader
+
+    return _output_weight(GGUFReader(base_gguf))[list(ids)]
+
+
 def lora_deltas(checkpoint: Path) -> dict[str, Any]:
     """``{gguf tensor name: (alpha / r) · B @ A}`` (float32 numpy, shape out × in) of a PEFT adapter."""
     pairs, alpha = lora_pairs(checkpoint)
@@ -131,12 +141,11 @@ def write_lora_gguf(checkpoint: Path, out: Path, base_gguf: Path | None = None) 
     rows = head_rows(checkpoint)
     if rows is not None:
         import numpy as np
-        from gguf import GGUFReader
 
         # new rows R at ids = W + S·(R - W[ids]), S the ids' one-hot columns: a LoRA of rank k = len(ids),
         # B = S, A = (R - W[ids]) · k / alpha against llama.cpp's alpha / r scale; exact, whatever W's quants
         ids, new = rows
-        old = _output_weight(GGUFReader(str(base_gguf or _base_gguf(checkpoint))))[ids]
+        old = _base_rows(str(base_gguf or _base_gguf(checkpoint)), tuple(ids))
         select = np.zeros((shapes["output.weight"][1], len(ids)), np.float32)
         select[ids, range(len(ids))] = 1.0
         pairs["output.weight"] = ((new - old) * (len(ids) / alpha), select)
