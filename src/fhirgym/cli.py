@@ -130,7 +130,8 @@ def _print_info(info, digest: bool = True) -> None:
 
 
 @world.command("build")
-@click.option("--seed", default=DEFAULT_SEED, show_default=True, type=int, envvar="FHIRGYM_SEED")
+@click.option("--seed", "--world-seed", "seed", default=DEFAULT_SEED, show_default=True, type=int,
+              envvar="FHIRGYM_SEED", help="The world's seed (--world-seed, as the other commands call it).")
 @click.option("--patients", default=DEFAULT_PATIENTS, show_default=True, type=int)
 @click.option("--anchor-date", default=None, help="The world's 'today' (YYYY-MM-DD); default 2025-06-02.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Where to write the world file.")
@@ -164,7 +165,8 @@ def world_show(path: Path) -> None:
 
 @world.command("check")
 @click.argument("path", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--seed", default=42, show_default=True, type=int, envvar="FHIRGYM_SEED")
+@click.option("--seed", "--world-seed", "seed", default=42, show_default=True, type=int, envvar="FHIRGYM_SEED",
+              help="The world's seed (--world-seed, as the other commands call it).")
 @click.option("--patients", default=100, show_default=True, type=int)
 def world_check(path: Path | None, seed: int, patients: int) -> None:
     """Validate every resource of a world as a write would (FHIRPath invariants included); exit 1 on any
