@@ -172,3 +172,18 @@ def test_setup_resources_look_like_the_world(small_world_path):
                     assert world.last_updated <= inst.now
                     seen += 1
     assert seen >= 20
+
+
+def test_the_check_summary_fails_on_a_problem_row_and_reports_it():
+    """``tasks check``'s tally lives in the library: a row with a problem makes the summary not ok and is
+    counted in its last line."""
+    from fhirgym.tasks import CheckSummary
+    from fhirgym.tasks._check import CheckRow
+
+    good = CheckRow("records.find_patient", 0, True, None, False, None)
+    broken = CheckRow("records.find_patient", 1, False, None, False, None, problems=["error: boom"])
+    summary = CheckSummary(rows=[good, broken], families=1, seeds=2, per_family=[], library_problems=[])
+    assert not summary.ok and summary.problem_rows == [broken]
+    assert summary.lines()[0] == "1 families × 2 seeds = 2 instances"
+    assert summary.lines()[-1] == "problems:  1 instances, 0 family figures"
+    assert CheckSummary(rows=[good], families=1, seeds=1, per_family=[], library_problems=[]).ok

@@ -336,62 +336,24 @@ def tasks_check(selector: str | None, seeds: str, no_mutations: bool, table: boo
                 world_seed: int) -> None:
     """Run the reference, null and constant "nothing found" agents, the wrong mutations and the equivalent
     rewrites on every family × seed; non-zero exit on any problem."""
-    from .tasks import EQUIVALENTS, MUTATIONS, check, figures
+    from .tasks import CheckSummary, check
 
     world = _task_world(world_path, patients, world_seed)
     fams = _select_families(selector, "all")
     seed_list = _seeds(seeds)
-    bad: list = []
 
     def progress(row) -> None:
         if not row.ok:
-            bad.append(row)
             click.echo(f"PROBLEM {row.task_id} seed {row.seed}: {' | '.join(row.problems)}", err=True)
 
     rows = check(fams, seed_list, world, mutations=not no_mutations, progress=progress)
-    n = len(rows)
-    ref_strict = sum(r.reference_strict for r in rows)
-    writing = [r for r in rows if r.reference_light is not None or r.null_light is not None]
-    ref_light = sum(bool(r.reference_light) for r in writing)
-    null_strict = sum(r.null_strict for r in rows)
-    null_light = sum(bool(r.null_light) for r in writing)
-    applied = sum(r.mutations_applied for r in rows)
-    rejected = sum(r.mutations_rejected for r in rows)
-    equivalent = sum(r.equivalents_applied for r in rows)
-    passed = sum(r.equivalents_passed for r in rows)
-    constant = sum(r.nothing_found_passes for r in rows)
-    per_family, library_problems = figures(rows, fams)
+    summary = CheckSummary.of(rows, fams, len(seed_list))
     if table:
-        click.echo(f"{'family':44} {'seeds':>5} {'none?':>5} {'negative':>8} {'constant':>8} {'top gold':>8} "
-                   f"{'distractor first':>16} {'wrong codes':>11}")
-        for f in per_family:
-            bite = f"{f.first_hit}/{f.distracted}" if f.distracted else "-"
-            coded = f"{f.coded_rejected}/{f.coded_applied}" if f.coded_applied else "-"
-            click.echo(f"{f.task_id:44} {f.seeds:5} {'yes' if f.none_allowed else '':>5} {f.negative:8} "
-                       f"{f.constant:8} {f.top_gold:8} {bite:>16} {coded:>11}")
-    for problem in library_problems:
+        click.echo("\n".join(summary.table()))
+    for problem in summary.library_problems:
         click.echo(f"PROBLEM {problem}", err=True)
-    click.echo(f"{len(fams)} families × {len(seed_list)} seeds = {n} instances")
-    click.echo(f"reference: strict {ref_strict}/{n} ({100 * ref_strict / max(1, n):.1f} %), "
-               f"light {ref_light}/{len(writing)} on writing instances")
-    click.echo(f"null:      strict {null_strict}/{n}, light {null_light}/{len(writing)}")
-    click.echo(f"mutations: {rejected}/{applied} rejected by strict validation")
-    for name in MUTATIONS:
-        got = [r.outcomes[name] for r in rows if name in r.outcomes]
-        click.echo(f"  {name:20} {sum(got)}/{len(got)} rejected")
-        if name == "add_wrong_code":
-            click.echo(f"    (every coded element the gold checks, two codings each: "
-                       f"{sum(r.coded_rejected for r in rows)}/{sum(r.coded_applied for r in rows)} runs rejected)")
-    click.echo(f"equivalent rewrites: {passed}/{equivalent} pass strict validation")
-    for name in EQUIVALENTS:
-        got = [r.outcomes[name] for r in rows if name in r.outcomes]
-        click.echo(f"  {name:20} {sum(got)}/{len(got)} pass")
-    click.echo(f"constant 'nothing found' (no tool call): strict {constant}/{n} ({100 * constant / max(1, n):.2f} %)")
-    negative = sum(r.negative for r in rows)
-    click.echo(f"gold 'nothing found' (what that reply earns after one look): {negative}/{n} "
-               f"({100 * negative / max(1, n):.2f} %)")
-    click.echo(f"problems:  {len(bad)} instances, {len(library_problems)} family figures")
-    sys.exit(1 if bad or library_problems else 0)
+    click.echo("\n".join(summary.lines()))
+    sys.exit(0 if summary.ok else 1)
 
 
 @tasks.command("paraphrase")

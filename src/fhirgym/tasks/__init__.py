@@ -13,7 +13,7 @@ exports, the authoring kit of docs/TASKS.md (``Family``, ``register``, ``Gold``,
 from ..spec import codes
 from . import checks, draw, facts, solve
 from ._answer import NOT_FOUND, AnswerSpec, Field, answer_text, parse_answer, parse_instant, render
-from ._check import check, figures
+from ._check import CheckSummary, check, figures
 from ._diff import Change, diff, mark
 from ._evidence import looked_at
 from ._expect import Expect, match
@@ -70,6 +70,7 @@ __all__ = [
     "AnswerSpec",
     "Change",
     "Check",
+    "CheckSummary",
     "EitherWay",
     "Expect",
     "FamiliesUnavailable",

@@ -235,3 +235,71 @@ def check(fams: Iterable[Family], seeds: Iterable[int], world: TaskWorld, mutati
             if progress:
                 progress(row)
     return rows
+
+
+@dataclass
+class CheckSummary:
+    """What ``tasks check`` reports over its rows: the tallies, the per-family figures, and whether the
+    library passes (no instance with a problem, no failing family figure)."""
+
+    rows: list[CheckRow]
+    families: int
+    seeds: int
+    per_family: list[FamilyFigures]
+    library_problems: list[str]
+
+    @classmethod
+    def of(cls, rows: list[CheckRow], fams: Iterable[Family], seeds: int) -> CheckSummary:
+        fams = list(fams)
+        per_family, problems = figures(rows, fams)
+        return cls(rows, len(fams), seeds, per_family, problems)
+
+    @property
+    def problem_rows(self) -> list[CheckRow]:
+        return [r for r in self.rows if not r.ok]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problem_rows and not self.library_problems
+
+    def table(self) -> list[str]:
+        """The per-family figures, a line a family (``--table``)."""
+        out = [f"{'family':44} {'seeds':>5} {'none?':>5} {'negative':>8} {'constant':>8} {'top gold':>8} "
+               f"{'distractor first':>16} {'wrong codes':>11}"]
+        for f in self.per_family:
+            bite = f"{f.first_hit}/{f.distracted}" if f.distracted else "-"
+            coded = f"{f.coded_rejected}/{f.coded_applied}" if f.coded_applied else "-"
+            out.append(f"{f.task_id:44} {f.seeds:5} {'yes' if f.none_allowed else '':>5} {f.negative:8} "
+                       f"{f.constant:8} {f.top_gold:8} {bite:>16} {coded:>11}")
+        return out
+
+    def lines(self) -> list[str]:
+        """The summary ``tasks check`` prints."""
+        rows, n = self.rows, len(self.rows)
+        writing = [r for r in rows if r.reference_light is not None or r.null_light is not None]
+        ref_strict = sum(r.reference_strict for r in rows)
+        constant = sum(r.nothing_found_passes for r in rows)
+        negative = sum(r.negative for r in rows)
+        out = [f"{self.families} families × {self.seeds} seeds = {n} instances",
+               f"reference: strict {ref_strict}/{n} ({100 * ref_strict / max(1, n):.1f} %), "
+               f"light {sum(bool(r.reference_light) for r in writing)}/{len(writing)} on writing instances",
+               f"null:      strict {sum(r.null_strict for r in rows)}/{n}, "
+               f"light {sum(bool(r.null_light) for r in writing)}/{len(writing)}",
+               f"mutations: {sum(r.mutations_rejected for r in rows)}/{sum(r.mutations_applied for r in rows)} "
+               "rejected by strict validation"]
+        for name in MUTATIONS:
+            got = [r.outcomes[name] for r in rows if name in r.outcomes]
+            out.append(f"  {name:20} {sum(got)}/{len(got)} rejected")
+            if name == "add_wrong_code":
+                out.append(f"    (every coded element the gold checks, two codings each: "
+                           f"{sum(r.coded_rejected for r in rows)}/{sum(r.coded_applied for r in rows)} runs rejected)")
+        out.append(f"equivalent rewrites: {sum(r.equivalents_passed for r in rows)}/"
+                   f"{sum(r.equivalents_applied for r in rows)} pass strict validation")
+        for name in EQUIVALENTS:
+            got = [r.outcomes[name] for r in rows if name in r.outcomes]
+            out.append(f"  {name:20} {sum(got)}/{len(got)} pass")
+        out += [f"constant 'nothing found' (no tool call): strict {constant}/{n} ({100 * constant / max(1, n):.2f} %)",
+                f"gold 'nothing found' (what that reply earns after one look): {negative}/{n} "
+                f"({100 * negative / max(1, n):.2f} %)",
+                f"problems:  {len(self.problem_rows)} instances, {len(self.library_problems)} family figures"]
+        return out
