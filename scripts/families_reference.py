@@ -31,10 +31,8 @@ def reference() -> str:
         lines += [f"## {category} ({len(members)})", "", "| family | what it asks | d | R/W | resource types | split |",
                   "|---|---|---:|---|---|---|"]
         for f in sorted(members, key=lambda f: f.id):
-            either = f.read_resource_types is not None or f.read_sequences is not None
-            rw = "R/W" if either else "W" if f.writes else "R"
             title = f.title.replace("|", "\\|")
-            lines.append(f"| `{f.id}` | {title} | {f.difficulty} | {rw} | {', '.join(f.resource_types)} | "
+            lines.append(f"| `{f.id}` | {title} | {f.difficulty} | {f.access()} | {', '.join(f.resource_types)} | "
                          f"{side.get(f.id, '–')} |")
         lines.append("")
     return "\n".join(lines)

@@ -187,3 +187,11 @@ def test_the_check_summary_fails_on_a_problem_row_and_reports_it():
     assert summary.lines()[0] == "1 families × 2 seeds = 2 instances"
     assert summary.lines()[-1] == "problems:  1 instances, 0 family figures"
     assert CheckSummary(rows=[good], families=1, seeds=1, per_family=[], library_problems=[]).ok
+
+
+def test_a_family_says_whether_it_reads_writes_or_decides_per_instance():
+    from fhirgym.tasks import get_family
+
+    assert get_family("records.find_patient").access() == "R"
+    assert get_family("records.create_patient").access() == "W"
+    assert get_family("clinical.magnesium_if_low").access() == "R/W"  # a conditional order

@@ -301,12 +301,9 @@ def tasks_list(selector: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
-    # R/W: a family whose instances decide whether they write (a conditional order)
-    either = {f.id for f in fams if f.read_resource_types is not None or f.read_sequences is not None}
     click.echo(f"{'id':44} {'category':11} {'d':1}  {'r/w':3}  resource types")
-    for r in rows:
-        rw = "R/W" if r["id"] in either else "W" if r["writes"] else "R"
-        click.echo(f"{r['id']:44} {r['category']:11} {r['difficulty']}  {rw:3}  "
+    for f, r in zip(fams, rows, strict=True):
+        click.echo(f"{r['id']:44} {r['category']:11} {r['difficulty']}  {f.access():3}  "
                    f"{', '.join(r['resource_types'])}")
     writes = sum(r["writes"] for r in rows)
     click.echo(f"{len(rows)} families, {writes} writing ({100 * writes / max(1, len(rows)):.0f} %)")

@@ -191,6 +191,14 @@ class Family:
     #: search or read of one of them (None: the instance's resource types but Patient, else Patient)
     negative_evidence: ClassVar[tuple[str, ...] | None] = None
 
+    @classmethod
+    def access(cls) -> str:
+        """``R``, ``W``, or ``R/W`` for a family whose instances decide whether they write (a conditional
+        order): what ``tasks list`` and docs/FAMILIES.md show."""
+        if cls.read_resource_types is not None or cls.read_sequences is not None:
+            return "R/W"
+        return "W" if cls.writes else "R"
+
     def negative(self, gold: Gold) -> bool:
         """Whether ``gold``'s answer is "nothing found" (what a reply may claim only after a look)."""
         return gold.answer is NOT_FOUND
