@@ -20,7 +20,8 @@ def reference() -> str:
     side = {f: s for s in ("train", "eval") for f in heldout_split()[s]}
     lines = ["# Task families", "",
              "Generated from the registry by `python scripts/families_reference.py`; do not edit by hand. "
-             "R/W: reads, writes, or either (a conditional order decides per instance). Split: the side of "
+             "R/W: reads, writes, or either (a conditional order decides per instance). v: the family's "
+             "version (docs/TASKS.md). Split: the side of "
              "the shipped held-out split (docs/TRAINING.md, \"Splits that keep evaluation honest\").", ""]
     by_category: dict[str, list] = {}
     for f in fams:
@@ -28,12 +29,12 @@ def reference() -> str:
     writes = sum(f.writes for f in fams)
     lines += [f"{len(fams)} families in {len(by_category)} categories, {writes} of them writing.", ""]
     for category, members in by_category.items():
-        lines += [f"## {category} ({len(members)})", "", "| family | what it asks | d | R/W | resource types | split |",
-                  "|---|---|---:|---|---|---|"]
+        lines += [f"## {category} ({len(members)})", "",
+                  "| family | what it asks | d | R/W | resource types | split | v |", "|---|---|---:|---|---|---|---:|"]
         for f in sorted(members, key=lambda f: f.id):
             title = f.title.replace("|", "\\|")
             lines.append(f"| `{f.id}` | {title} | {f.difficulty} | {f.access()} | {', '.join(f.resource_types)} | "
-                         f"{side.get(f.id, '–')} |")
+                         f"{side.get(f.id, '–')} | {f.version} |")
         lines.append("")
     return "\n".join(lines)
 

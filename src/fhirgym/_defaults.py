@@ -7,3 +7,5 @@ DEFAULT_PATIENTS = 10
 #: Questions per template of the set ``eval --track qa`` builds without ``--questions`` (and that
 #: ``qa score``/``qa judge-agreement`` rebuild to read a run's results).
 QA_PER_TEMPLATE = 10
+#: The tracks' names, the first the default (``tasks.TRACKS`` defines them; a test keeps the two equal).
+TRACK_NAMES = ("action", "qa")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from ._defaults import DEFAULT_PATIENTS, DEFAULT_SEED, QA_PER_TEMPLATE
+from ._defaults import DEFAULT_PATIENTS, DEFAULT_SEED, QA_PER_TEMPLATE, TRACK_NAMES
 
 
 @click.group()
@@ -443,7 +443,7 @@ def _ray_option(f):
 @click.option("--sealed", is_flag=True,
               help="Derive instance seeds from a secret drawn now; run.json records it when the run ends.")
 @click.option("--secret", default=None, help="Replay (or resume) a sealed run with the secret its run.json recorded.")
-@click.option("--track", type=click.Choice(["action", "qa"]), default="action", show_default=True,
+@click.option("--track", type=click.Choice(TRACK_NAMES), default=TRACK_NAMES[0], show_default=True,
               help="action: the task families; qa: questions about one patient (--tasks selects templates, "
                    "seed k is a template's k-th question of --split).")
 @click.option("--split", type=click.Choice(["train", "valid", "test"]), default="valid", show_default=True,
@@ -934,7 +934,7 @@ def rl_group() -> None:
 
 @rl_group.command("dataset")
 @_families_option
-@click.option("--track", type=click.Choice(["action", "qa"]), default="action", show_default=True)
+@click.option("--track", type=click.Choice(TRACK_NAMES), default=TRACK_NAMES[0], show_default=True)
 @click.option("--split", type=click.Choice(["train", "valid", "test"]), default="train", show_default=True)
 @click.option("--tasks", "selector", default=None,
               help="Task selector (QA: qa.<template> ids or globs)  [default: all]")
@@ -970,7 +970,7 @@ def rl_dataset(track: str, split: str, selector: str | None, per_family: int, ma
 
 
 @rl_group.command("trajectories")
-@click.option("--track", type=click.Choice(["action", "qa"]), default="action", show_default=True,
+@click.option("--track", type=click.Choice(TRACK_NAMES), default=TRACK_NAMES[0], show_default=True,
               help="action: ReAct over the task families; qa: CodeAct over the QA questions.")
 @click.option("--split", type=click.Choice(["train", "valid"]), default="train", show_default=True,
               help="train: seeds from 100 on (QA: the train patients); valid: the RL valid seeds (QA: patients).")
@@ -1076,7 +1076,7 @@ def _qa_world(world_seed: int, patients: int, qa_per_template: int, qa_seed: int
 def _rl_common(fn):
     """Options shared by ``rl train`` and ``rl eval``: track, tasks, world, QA set, turns, lengths."""
     for opt in reversed([
-        click.option("--track", type=click.Choice(["action", "qa"]), default="action", show_default=True),
+        click.option("--track", type=click.Choice(TRACK_NAMES), default=TRACK_NAMES[0], show_default=True),
         click.option("--tasks", "selector", default="all", show_default=True,
                      help="Task selector (QA: qa.<template> ids or globs)."),
         click.option("--per-family", default=4, show_default=True,
@@ -1183,7 +1183,7 @@ def rl_train(ctx: click.Context, recipe: str, model: str, track: str, selector: 
 @rl_group.command("curriculum")
 @click.option("--model", default="qwen2.5-coder-0.5b", show_default=True,
               help="The start policy: qwen2.5-coder-0.5b/1.5b, a .gguf path, or a LoRA checkpoint on one (warm start).")
-@click.option("--track", type=click.Choice(["action", "qa"]), default="action", show_default=True)
+@click.option("--track", type=click.Choice(TRACK_NAMES), default=TRACK_NAMES[0], show_default=True)
 @click.option("--tasks", "selector", default="all", show_default=True,
               help="Candidate families (QA: qa.<template> ids or globs).")
 @click.option("--per-family", default=4, show_default=True, help="Train rows per family (QA: per template).")
@@ -1320,7 +1320,7 @@ def rl_export(checkpoint: Path, out: Path, adapter: bool, hf: bool) -> None:
 @click.option("--data", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Directory with train.parquet and valid.parquet (fhirgym rl dataset).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
-@click.option("--track", type=click.Choice(["action", "qa"]), default=None,
+@click.option("--track", type=click.Choice(TRACK_NAMES), default=None,
               help="The rows' track (fhirgym-action or fhirgym-qa); checked against the data  [default: the data's]")
 @click.option("--context", type=int, default=None,
               help="The model's context length in tokens, which caps the conversation (generator.max_input_length "

@@ -19,7 +19,7 @@ from inspect_ai.dataset import Sample
 from .._defaults import DEFAULT_PATIENTS, DEFAULT_SEED
 from ..agents import clock_block
 from ..runner import EpisodeKey, EvalError, EvalSpec, instance_for, plan
-from ..tasks import Instance, TaskWorld, parse_seeds
+from ..tasks import Instance, TaskWorld, get_track, parse_seeds
 from ..tasks.qa import QaFamily
 
 _INSTANCES: dict[tuple, Instance] = {}
@@ -45,14 +45,14 @@ def source(track: str, world: str, tasks: str | list[str], seeds, *, split: str 
     if isinstance(tasks, list | tuple):
         tasks = ",".join(str(t) for t in tasks)
     out = {"track": track, "world": world, "tasks": str(tasks), "seeds": parse_seeds(seeds)}
-    if track == "qa":
+    if get_track(track).by_question:
         out.update(split=split, questions=questions, per_template=per_template)
     return out
 
 
 def _spec(src: dict) -> EvalSpec:
     extra = {}
-    if src["track"] == "qa":
+    if get_track(src["track"]).by_question:
         extra = {"split": src["split"], "questions": Path(src["questions"]) if src["questions"] else None}
         if src["per_template"] is not None:
             extra["per_template"] = src["per_template"]

@@ -24,14 +24,12 @@ import numpy as np
 import orjson
 
 from ..agents import AgentTask, GuessAgent
-from ..tasks import NOT_FOUND, answer_text
-from ..tasks.qa import QaFamily
+from ..tasks import get_track
 from ._data import DEFAULT_QA, DEFAULT_WORLD, dataset_rows, episode_for
 
 VERSION = 1
 #: The constant replies whose rewards are a curriculum's floors (per track: the negative reply's name).
 CONSTANTS = ("nothing-found", "nothing-found after a look", "guess")
-QA_NEGATIVE = "The final answer is: no answer"
 
 
 class ShortcutCurriculum(ValueError):
@@ -61,13 +59,9 @@ class CurriculumSpec:
     n_ctx: int = 8192
 
 
-def _negative(track: str) -> str:
-    return QA_NEGATIVE if track == "qa" else answer_text(NOT_FOUND)
-
-
 def constant_names(track: str) -> tuple[str, ...]:
     """:data:`CONSTANTS` as the track names them (QA's negative reply is "no answer")."""
-    return tuple(c.replace("nothing-found", "no-answer") for c in CONSTANTS) if track == "qa" else CONSTANTS
+    return get_track(track).floor_names(CONSTANTS)
 
 
 def constant_reward(extra: dict, name: str, config: str = "baseline") -> float:
@@ -77,8 +71,9 @@ def constant_reward(extra: dict, name: str, config: str = "baseline") -> float:
     try:
         text.reset()
         inst = text.episode.instance
-        negative = QA_NEGATIVE if isinstance(inst.family, QaFamily) else answer_text(NOT_FOUND)
-        kind = name.replace("no-answer", "nothing-found")
+        track = get_track(extra.get("track", "action"))
+        negative = track.negative
+        kind = name.replace(track.negative_name, "nothing-found")
         if kind == "nothing-found":
             return text.step(negative).reward
         if kind == "nothing-found after a look":

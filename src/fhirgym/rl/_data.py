@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from ..tasks import Instance, TaskInfeasible, TaskWorld, make_instance, select
+from ..tasks import QA, TRACKS, Instance, TaskInfeasible, TaskWorld, get_track, make_instance, select
 from ..tasks.qa import QaFamily, QaQuestion, build_questions, qa_instance
 from ..world import DEFAULT_PATIENTS, DEFAULT_SEED, build_world, world_sha256
 from ._reward import RewardSpec
@@ -29,7 +29,7 @@ from ._text import TEXT_BUDGET, TextEpisode
 
 #: Seeds of each split (per family): disjoint ranges.
 SPLITS = {"train": range(0, 10_000), "valid": range(10_000, 11_000), "test": range(11_000, 12_000)}
-ENV_CLASSES = {"action": "fhirgym-action", "qa": "fhirgym-qa"}
+ENV_CLASSES = {t.name: t.env_class for t in TRACKS.values()}
 DEFAULT_WORLD = {"seed": DEFAULT_SEED, "patients": DEFAULT_PATIENTS}
 #: The QA question set rows name by default: ``build_questions(world, per_template, seed)``.
 DEFAULT_QA = {"per_template": 20, "seed": 0}
@@ -85,12 +85,10 @@ def qa_questions(world: TaskWorld, qa: dict | None = None) -> dict[str, QaQuesti
 
 def instance_for(extra: dict) -> Instance:
     """The instance a row's ``extra_info`` names; the last few hundred are kept, so a reset stays cheap."""
-    track = extra.get("track", "action")
-    if track not in ENV_CLASSES:
-        raise ValueError(f"unknown track {track!r}; use {' or '.join(ENV_CLASSES)}")
+    track = get_track(extra.get("track", "action"))
     world = world_of(extra.get("world"))
-    ident = extra["question_id"] if track == "qa" else int(extra["seed"])
-    key = (str(world.path), track, extra["task_id"], ident)
+    ident = extra[track.ident] if track.by_question else int(extra[track.ident])
+    key = (str(world.path), track.name, extra["task_id"], ident)
     with _LOCK:
         if key in _INSTANCES:
             _INSTANCES.move_to_end(key)
@@ -99,19 +97,25 @@ def instance_for(extra: dict) -> Instance:
         with _LOCK:
             if key in _INSTANCES:  # built by the thread this one waited for
                 return _INSTANCES[key]
-        if track == "qa":
-            question = qa_questions(world, extra.get("qa")).get(extra["question_id"])
-            if question is None:
-                raise ValueError(f"no QA question {extra['question_id']!r} in the set "
-                                 f"{extra.get('qa') or DEFAULT_QA} of world {world.path}")
-            inst = qa_instance(question, world)
-        else:
-            inst = make_instance(extra["task_id"], int(extra["seed"]), world)
+        inst = _BUILD[track.name](extra, world, ident)
         with _LOCK:
             _INSTANCES[key] = inst
             while len(_INSTANCES) > _CACHED:
                 _INSTANCES.popitem(last=False)
     return inst
+
+
+def _question_instance(extra: dict, world: TaskWorld, question_id: str) -> Instance:
+    question = qa_questions(world, extra.get("qa")).get(question_id)
+    if question is None:
+        raise ValueError(f"no QA question {question_id!r} in the set {extra.get('qa') or DEFAULT_QA} of "
+                         f"world {world.path}")
+    return qa_instance(question, world)
+
+
+#: How a row's instance is built, per track.
+_BUILD = {"action": lambda extra, world, seed: make_instance(extra["task_id"], seed, world),
+          "qa": _question_instance}
 
 
 def row_config(extra: dict, config: str | None = None) -> str:
@@ -148,14 +152,13 @@ def dataset_rows(track: str = "action", split: str = "train", *, tasks: str = "a
     ``per_family`` questions of every selected template (``qa.<template>`` ids or globs) from the split.
     ``example``: prompts carry the worked example (:class:`TextEpisode`); the row says so, so every
     adapter that rebuilds the episode opens it the same way."""
-    if track not in ENV_CLASSES:
-        raise ValueError(f"unknown track {track!r}; use {' or '.join(ENV_CLASSES)}")
+    tr = get_track(track)
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; use {', '.join(SPLITS)}")
     world = world or DEFAULT_WORLD
     tw = world_of(world)
     sha = world_sha256(tw.path)
-    if track == "qa":
+    if tr.by_question:
         return _qa_rows(tw, {**world, "sha256": sha}, split, tasks, per_family, max_turns, qa or DEFAULT_QA, config,
                         example)
     rows = []
@@ -169,7 +172,7 @@ def dataset_rows(track: str = "action", split: str = "train", *, tasks: str = "a
             except TaskInfeasible:
                 continue
             prompt = _prompt(inst, max_turns, config, example)
-            rows.append({"data_source": f"fhirgym/{track}", "prompt": prompt, "env_class": ENV_CLASSES[track],
+            rows.append({"data_source": f"fhirgym/{track}", "prompt": prompt, "env_class": tr.env_class,
                          "reward_spec": {"method": "rule", "ground_truth": None},
                          "extra_info": {"track": track, "task_id": fam.id, "seed": seed, "split": split,
                                         "category": fam.category, "difficulty": fam.difficulty,
@@ -202,7 +205,7 @@ def _qa_rows(tw: TaskWorld, world: dict, split: str, tasks: str, per_template: i
     rows = []
     for fam, q in split_questions(tw, split, tasks, per_template, qa):
         prompt = _prompt(qa_instance(q, tw), max_turns, config, example)
-        rows.append({"data_source": "fhirgym/qa", "prompt": prompt, "env_class": ENV_CLASSES["qa"],
+        rows.append({"data_source": "fhirgym/qa", "prompt": prompt, "env_class": QA.env_class,
                      "reward_spec": {"method": "rule", "ground_truth": None},
                      "extra_info": {"track": "qa", "task_id": fam.id, "question_id": q.id, "seed": q.seed,
                                     "split": split, "patient_id": q.patient_id, "shape": q.shape,

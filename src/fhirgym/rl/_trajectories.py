@@ -34,7 +34,7 @@ from ..agents import (
 )
 from ..env import get_config
 from ..runner import EpisodeKey, run_episode
-from ..tasks import Instance, TaskInfeasible, heldout_split, make_instance, select
+from ..tasks import Instance, TaskInfeasible, get_track, heldout_split, make_instance, select
 from ..tasks.qa import QaFamily
 from ..world import world_sha256
 from ._data import DEFAULT_QA, DEFAULT_WORLD, SPLITS, split_questions, world_of
@@ -214,17 +214,20 @@ def _segments(record: list[tuple[str, str]], template) -> list[tuple[list[int], 
     return segments
 
 
+_LOOPS = {"react": ReactAgent, "codeact": CodeActAgent}
+
+
 def expert_trajectory(inst: Instance, backend: LocalBackend, *, track: str = "action",
                       max_turns: int = MAX_TURNS) -> Trajectory:
     """The kept trajectory of ``inst`` (raises :class:`NotExpressible` with the reason otherwise)."""
-    codeact = track == "qa"
-    config = "codeact" if codeact else "baseline"
+    tr = get_track(track)
+    config, codeact = tr.config, tr.loop == "codeact"
     schemas = [t.openai_schema() for t in get_config(config).tools]
     turns = qa_turns(inst, schemas) if codeact else action_turns(inst, schemas, max_turns)
     if len(turns) > max_turns:
         raise NotExpressible(f"{len(turns)} turns, over the {max_turns} the agent gets")
     replay = _Replay(backend, turns)
-    agent = (CodeActAgent if codeact else ReactAgent)(replay, max_iterations=max_turns)
+    agent = _LOOPS[tr.loop](replay, max_iterations=max_turns)
     key = EpisodeKey(config, inst.task_id, inst.seed, 0, 1)
     line, _ = run_episode(key, inst, agent, config, budget=backend.tool_budget, max_iterations=max_turns)
     if replay.failure:
@@ -236,7 +239,7 @@ def expert_trajectory(inst: Instance, backend: LocalBackend, *, track: str = "ac
     segments = _segments(replay.record, backend.template())
     question = getattr(inst.family, "question", None)
     return Trajectory(f"{track}/{inst.task_id}/s{inst.seed}" + (f"/{question.id}" if question else ""), track,
-                      inst.task_id, inst.seed, "codeact" if codeact else "react", len(turns),
+                      inst.task_id, inst.seed, tr.loop, len(turns),
                       len(inst.reference.calls) if not codeact else len(turns) - 1, segments,
                       question.id if question else None)
 
@@ -277,7 +280,7 @@ class Selection:
         if self.split not in ("train", "valid"):
             raise OverlapError(f"split {self.split!r}: trajectories are for training (train) or its "
                                "validation loss (valid); evaluation's own data stays out")
-        if self.track == "action":
+        if get_track(self.track).seeded:
             held = sorted(set(self.families()) & set(heldout_split()["eval"]))
             if held:
                 raise OverlapError(f"{len(held)} of the chosen families are the held-out split's eval families "
@@ -286,7 +289,7 @@ class Selection:
 
 def _instances(sel: Selection) -> Iterator[Instance | Skipped]:
     tw = world_of(sel.world)
-    if sel.track == "qa":
+    if get_track(sel.track).by_question:
         from ..tasks.qa import qa_instance
 
         tasks = "all" if sel.tasks == "train" else sel.tasks
@@ -356,8 +359,9 @@ def write_trajectories(out: Path, sel: Selection, model: str = "qwen2.5-coder-0.
     for s in skipped:
         per.setdefault(s.task_id, {"kept": 0, "skipped": 0})["skipped"] += 1
     tw = world_of(sel.world)
-    manifest = {"selection": asdict(sel), "families": sel.families() if sel.track == "action" else None,
-                "seeds": sel.seeds() if sel.track == "action" else None, "model": model,
+    seeded = get_track(sel.track).seeded
+    manifest = {"selection": asdict(sel), "families": sel.families() if seeded else None,
+                "seeds": sel.seeds() if seeded else None, "model": model,
                 "world": {**sel.world, "sha256": world_sha256(tw.path)}, "commit": commit(),
                 "kept": len(kept), "skipped": len(skipped), "per_family": dict(sorted(per.items())),
                 "tokens": sum(len(t.input_ids) for t in kept),

@@ -116,7 +116,7 @@ def run_episode(key: EpisodeKey, inst: Instance, agent, config: Config | str = "
     if status == "error":  # infrastructure: no verdict to report
         judged.update(success=None, light_success=None, failure_modes=[])
     line = {
-        "episode_id": key.id, "task_id": fam.id, "category": fam.category, "difficulty": fam.difficulty,
+        "episode_id": key.id, "task_id": fam.id, "task_version": fam.version, "category": fam.category, "difficulty": fam.difficulty,
         "writes": inst.writes, "seed": key.seed, "paraphrase": key.paraphrase,
         "paraphrase_source": paraphrase_source(inst), "prompt_id": inst.prompt_id,
         "run": key.run, "config": key.config, "setting": setting, "memory": memory, "agent": getattr(agent, "name", str(agent)),

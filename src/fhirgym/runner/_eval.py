@@ -26,7 +26,7 @@ import orjson
 from .._defaults import QA_PER_TEMPLATE
 from ..agents import DEFAULT_MODEL, MODEL_AGENTS, default_iterations, make_agent, needs_model
 from ..env import Config, UnknownConfig, configs, get_config
-from ..tasks import Instance, TaskWorld, select
+from ..tasks import ACTION, Instance, TaskWorld, Track, get_family, get_track, select
 from ..world import world_sha256
 from ._dispatch import EpisodeRunner, Recipe, ResultSink, RunError, ThreadPool
 from ._episode import EpisodeKey
@@ -82,8 +82,9 @@ class EvalSpec:
         """What must match for ``--resume`` to append to an existing directory."""
         out = {k: v for k, v in asdict(self).items() if k in ("agent", "model", "config", "setting", "budget",
                                                                "max_iterations")}
-        if self.track != "action":
-            out.update(track=self.track, split=self.split)
+        track = track_of(self)
+        if track is not ACTION:  # the default track's runs never recorded theirs
+            out.update(track=track.name, **({"split": self.split} if track.by_question else {}))
         if self.sealed and self.secret:
             out["secret_sha256"] = _commitment(self.secret)
         return out
@@ -102,28 +103,40 @@ def instance_seed(spec: EvalSpec, task_id: str, seed: int) -> int:
     return int.from_bytes(digest[:6], "big")
 
 
+def track_of(spec: EvalSpec) -> Track:
+    """The spec's :class:`~fhirgym.tasks.Track` (a clear error for an unknown name)."""
+    try:
+        return get_track(spec.track)
+    except ValueError as exc:
+        raise EvalError(f"--track: {exc}") from None
+
+
 def plan(spec: EvalSpec, world: TaskWorld | None = None) -> list[EpisodeKey]:
     """The episodes of a run. QA: ``--tasks`` selects templates (``qa.<template>`` ids or globs, ``all``),
     and seed k is the k-th question of a template in the split."""
     if not spec.seeds or spec.runs < 1:
         raise EvalError("no seeds or no runs: nothing to evaluate (one seed is --seeds 1, seed 0)")
-    if spec.track == "qa":
-        if world is None:
-            raise EvalError("the QA track needs the world its questions come from")
-        from ..tasks.qa import QaFamily
+    return (_question_keys if track_of(spec).by_question else _family_keys)(spec, world)
 
-        by_template = qa_questions(spec, world)
-        templates = [QaFamily(qs[0]) for qs in by_template.values()]
-        try:  # the task selector's grammar over the templates; "default" is every template
-            fams = select("all" if spec.tasks == "default" else spec.tasks, among=templates)
-        except KeyError:  # a term that matches no template
-            fams = []
-        if not fams:
-            raise EvalError(f"--tasks {spec.tasks!r} selects no QA template; see `fhirgym qa templates`")
-        return [EpisodeKey(spec.config, f.id, seed, 0, run) for f in fams for seed in spec.seeds
-                if seed < len(by_template[f.id[3:]]) for run in range(spec.runs)]
-    if spec.track != "action":
-        raise EvalError(f"unknown --track {spec.track!r}: action or qa")
+
+def _question_keys(spec: EvalSpec, world: TaskWorld | None) -> list[EpisodeKey]:
+    if world is None:
+        raise EvalError("the QA track needs the world its questions come from")
+    from ..tasks.qa import QaFamily
+
+    by_template = qa_questions(spec, world)
+    templates = [QaFamily(qs[0]) for qs in by_template.values()]
+    try:  # the task selector's grammar over the templates; "default" is every template
+        fams = select("all" if spec.tasks == "default" else spec.tasks, among=templates)
+    except KeyError:  # a term that matches no template
+        fams = []
+    if not fams:
+        raise EvalError(f"--tasks {spec.tasks!r} selects no QA template; see `fhirgym qa templates`")
+    return [EpisodeKey(spec.config, f.id, seed, 0, run) for f in fams for seed in spec.seeds
+            if seed < len(by_template[f.id[3:]]) for run in range(spec.runs)]
+
+
+def _family_keys(spec: EvalSpec, world: TaskWorld | None) -> list[EpisodeKey]:
     try:
         fams = select(spec.tasks)
     except KeyError as exc:  # a term that matches no family: the selector's own message
@@ -172,7 +185,7 @@ def _seal(spec: EvalSpec) -> None:
             raise EvalError(f"resuming the sealed run in {spec.out} needs its secret: pass --secret (from "
                             "run.json's 'sealed.secret')")
         spec.secret = secrets.token_hex(16)
-    if spec.sealed and spec.track != "action":
+    if spec.sealed and not track_of(spec).seeded:
         raise EvalError("--sealed derives the action track's instance seeds; QA questions come from their file")
     if spec.sealed and (spec.paraphrases or any(spec.paraphrase_ids or [])):
         raise EvalError("a sealed run cannot use cached paraphrases (they are written for the public seeds)")
@@ -188,7 +201,16 @@ def _reveal(spec: EvalSpec) -> None:
     write_atomic(run_file, info)
 
 
-def _prepare_dir(spec: EvalSpec, world: TaskWorld, config: Config) -> set[str]:
+def task_versions(spec: EvalSpec, keys: list[EpisodeKey]) -> dict[str, int]:
+    """The version of every family a run plans (a QA template: the question family's), by id."""
+    if track_of(spec).by_question:
+        from ..tasks.qa import QaFamily
+
+        return {k.task_id: QaFamily.version for k in keys}
+    return {k.task_id: get_family(k.task_id).version for k in keys}
+
+
+def _prepare_dir(spec: EvalSpec, world: TaskWorld, config: Config, keys: list[EpisodeKey]) -> set[str]:
     out = spec.out
     out.mkdir(parents=True, exist_ok=True)
     run_file = out / "run.json"
@@ -197,16 +219,22 @@ def _prepare_dir(spec: EvalSpec, world: TaskWorld, config: Config) -> set[str]:
         raise EvalError(f"{out} already holds {len(existing)} results: pass --resume to continue, or another --out")
     identity = {**spec.identity(), **({"memory": config.labels["memory"]} if config.labels.get("memory") else {})}
     if run_file.exists() and spec.resume:
-        before = orjson.loads(run_file.read_bytes()).get("identity", {})
+        started = orjson.loads(run_file.read_bytes())
+        before = started.get("identity", {})
         if before and before != identity:
             diff = {k: (before.get(k), v) for k, v in identity.items() if before.get(k) != v}
             raise EvalError(f"--resume into {out} with different settings {diff}: use another --out")
+        recorded = started.get("task_versions", {})
+        changed = {t: (recorded[t], v) for t, v in task_versions(spec, keys).items() if recorded.get(t, v) != v}
+        if changed:
+            raise EvalError(f"--resume into {out}: these families changed version since it started {changed} "
+                            "(results of two versions are not comparable): use another --out")
     if not run_file.exists() or not spec.resume:
         info = {"identity": identity, "labels": dict(config.labels), "spec": {k: str(v) if isinstance(v, Path) else v
                                                       for k, v in asdict(spec).items() if k != "secret"},
                 "fhirgym_version": version("fhirgym"), "world": str(world.path),
                 "world_manifest": world.manifest, "world_sha256": world_sha256(world.path),
-                "started": datetime.now(UTC).isoformat(timespec="seconds")}
+                "task_versions": task_versions(spec, keys), "started": datetime.now(UTC).isoformat(timespec="seconds")}
         write_atomic(run_file, info)
     return {line["episode_id"] for line in existing}
 
@@ -227,7 +255,7 @@ def run_eval(spec: EvalSpec, world: TaskWorld, progress: Callable[[dict, int, in
         raise EvalError(f"configuration {config.name!r} needs {config.requires}")
     keys = plan(spec, world)
     _seal(spec)
-    done = _prepare_dir(spec, world, config)
+    done = _prepare_dir(spec, world, config, keys)
     try:
         return _run(spec, world, config, keys, done, progress, agent, log)
     finally:
@@ -237,7 +265,7 @@ def run_eval(spec: EvalSpec, world: TaskWorld, progress: Callable[[dict, int, in
 
 def recipe(spec: EvalSpec, key: EpisodeKey, world: TaskWorld) -> Recipe:
     """What builds the instance of episode ``key`` (a sealed run's seeds are derived here, on the driver)."""
-    if spec.track == "qa":
+    if track_of(spec).by_question:
         return Recipe(key.task_id, key.seed, question=qa_questions(spec, world)[key.task_id[3:]][key.seed])
     return Recipe(key.task_id, instance_seed(spec, key.task_id, key.seed), key.paraphrase, spec.written_paraphrases)
 

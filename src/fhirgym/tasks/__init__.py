@@ -54,10 +54,12 @@ from ._paraphrase import (
 )
 from ._seeds import parse_seeds
 from ._split import heldout_split
+from ._track import ACTION, QA, TRACKS, Track, get_track
 from .checks import Check
 from .draw import EitherWay, deal, pick
 
 __all__ = [
+    "ACTION",
     "CATEGORIES",
     "CATEGORY_TITLES",
     "DEFAULT_SUBSET",
@@ -66,6 +68,8 @@ __all__ = [
     "MODES",
     "MUTATIONS",
     "NOT_FOUND",
+    "QA",
+    "TRACKS",
     "WRITE_TOOLS",
     "AnswerSpec",
     "Change",
@@ -82,6 +86,7 @@ __all__ = [
     "ParaphraseUnavailable",
     "TaskInfeasible",
     "TaskWorld",
+    "Track",
     "Verdict",
     "View",
     "answer_text",
@@ -100,6 +105,7 @@ __all__ = [
     "figures",
     "frozen_now",
     "get_family",
+    "get_track",
     "heldout_split",
     "load_families",
     "looked_at",

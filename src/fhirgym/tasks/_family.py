@@ -187,6 +187,9 @@ class Family:
     prohibited_tools: ClassVar[tuple[str, ...] | None] = None
     answer: ClassVar[AnswerSpec | None] = None
     title: ClassVar[str] = ""
+    #: bumped whenever a change makes its results incomparable with earlier ones (prompt, params, setup,
+    #: gold or validator); result lines and run.json carry it, a digest test holds it to that
+    version: ClassVar[int] = 1
     #: the resource types a "nothing found" answer is a claim about: it passes only after a successful
     #: search or read of one of them (None: the instance's resource types but Patient, else Patient)
     negative_evidence: ClassVar[tuple[str, ...] | None] = None
@@ -241,8 +244,43 @@ class Family:
 _REGISTRY: dict[str, Family] = {}
 
 
-def register(cls: type[Family]) -> type[Family]:
-    """Class decorator: make a family available by its id."""
+def register(cls: type[Family] | str | None = None, /, *, difficulty: int | None = None, version: int | None = None,
+             touches: tuple[str, ...] | None = None, sequences: tuple[tuple[str, ...], ...] | None = None,
+             writes: bool | None = None, category: str | None = None, title: str | None = None):
+    """Make a family available by its id. Two forms:
+
+    ``@register("records.find_patient", difficulty=1, touches=("Patient",), sequences=(("searchResources",),))``
+    declares the header: ``writes`` defaults to False, the category to the family's package (or module)
+    that is a category, the title to the docstring's first line, ``version`` to 1. Bare ``@register`` on a
+    class that sets the attributes itself is the older form, still accepted."""
+    if isinstance(cls, type):
+        return _register(cls)
+    declared = {"id": cls, "difficulty": difficulty, "version": version, "resource_types": touches,
+                "sequences": sequences, "writes": writes, "category": category, "title": title}
+
+    def apply(family: type[Family]) -> type[Family]:
+        for attr, value in declared.items():
+            if value is not None:
+                setattr(family, attr, _frozen(value) if attr in ("sequences", "resource_types") else value)
+        if "writes" not in family.__dict__ and declared["writes"] is None:
+            family.writes = False
+        if declared["category"] is None and "category" not in family.__dict__:
+            parts = [p for p in family.__module__.split(".") if p in CATEGORIES]
+            if not parts:
+                raise TypeError(f"{family.__name__}: no category given and none in its module {family.__module__}")
+            family.category = parts[-1]
+        if declared["title"] is None and not family.__dict__.get("title"):
+            family.title = (family.__doc__ or "").strip().splitlines()[0].strip() if family.__doc__ else ""
+        return _register(family)
+
+    return apply
+
+
+def _frozen(value):
+    return tuple(_frozen(v) for v in value) if isinstance(value, list | tuple) else value
+
+
+def _register(cls: type[Family]) -> type[Family]:
     for attr in ("id", "category", "difficulty", "writes", "resource_types", "sequences"):
         if not hasattr(cls, attr):
             raise TypeError(f"{cls.__name__} lacks {attr}")
@@ -250,6 +288,8 @@ def register(cls: type[Family]) -> type[Family]:
         raise TypeError(f"{cls.id}: unknown category {cls.category}")
     if cls.difficulty not in (1, 2, 3):
         raise TypeError(f"{cls.id}: difficulty must be 1, 2 or 3")
+    if not isinstance(cls.version, int) or isinstance(cls.version, bool) or cls.version < 1:
+        raise TypeError(f"{cls.id}: version must be a whole number from 1")
     if cls.id in _REGISTRY and type(_REGISTRY[cls.id]) is not cls:
         raise TypeError(f"duplicate task id {cls.id}")
     if not cls.writes and cls.answer is None:
