@@ -685,23 +685,13 @@ def _mcp_serve(tools, client, name: str, transport: str, host: str, port: int, r
     import threading
 
     from .mcp import build_server, serve_http
-    from .tools import (
-        DEFAULT_BUDGET,
-        UNSAFE_KEY,
-        WORKSPACE_KEY,
-        Toolbox,
-        ToolContext,
-        Workspace,
-        needs_workspace,
-    )
+    from .tools import episode_toolbox
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(levelname)s %(name)s: %(message)s")
-    ctx = ToolContext(client, budget or DEFAULT_BUDGET, {UNSAFE_KEY: unsafe_python, **(extras or {})})
-    if needs_workspace(tools):  # the code's FHIR functions may call what is served, and nothing more
-        served = Toolbox([t for t in tools if not (read_only and t.writes)], ctx)
-        ctx.extras[WORKSPACE_KEY] = Workspace(unsafe=unsafe_python, dispatch=served.call)
-    toolbox = Toolbox(tools, ctx)
+    # the code's FHIR functions may call what is served, and nothing more
+    toolbox, _ = episode_toolbox(tools, client, budget=budget or None, extras=extras, unsafe_python=unsafe_python,
+                                 code_tools=[t for t in tools if not (read_only and t.writes)])
     if transport == "stdio":
         build_server(toolbox, name, read_only=read_only, structured=structured).run("stdio")
         return

@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from ..tasks import NOT_FOUND, Fork, Instance, Verdict, answer_text
-from ..tools import UNSAFE_KEY, WORKSPACE_KEY, Toolbox, ToolCall, ToolContext, Workspace, needs_workspace
+from ..tools import Toolbox, ToolCall, Workspace, episode_toolbox
 from ._config import Config, get_config
 
 
@@ -128,12 +128,10 @@ class Episode:
         self._release()
         inst = self.instance
         self._fork = inst.open()
-        ctx = ToolContext(self._fork.client) if self.budget is None else ToolContext(self._fork.client, self.budget)
-        ctx.extras.update(self.config.context)
-        ctx.extras[UNSAFE_KEY] = self.unsafe_python
-        if needs_workspace(self.config.tools):  # CodeAct: fetched resources + a sandbox dir of this episode's own
-            self._workspace = ctx.extras[WORKSPACE_KEY] = Workspace(unsafe=self.unsafe_python, dispatch=self._code_step)
-        self._box = Toolbox(self.config.tools, ctx)
+        # CodeAct: fetched resources + a sandbox dir of this episode's own, whose FHIR calls are steps
+        self._box, self._workspace = episode_toolbox(self.config.tools, self._fork.client, budget=self.budget,
+                                                     extras=self.config.context, unsafe_python=self.unsafe_python,
+                                                     dispatch=self._code_step)
         self._verdict, self._answer = None, None
         with _LOCK:
             self._key = next(_KEYS)

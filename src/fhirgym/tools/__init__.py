@@ -17,6 +17,7 @@ from ._codeact import (
     UNSAFE_KEY,
     WORKSPACE_KEY,
     Workspace,
+    episode_toolbox,
     final_answer_of,
     needs_workspace,
 )
@@ -85,6 +86,7 @@ __all__ = [
     "ToolError",
     "Toolbox",
     "Workspace",
+    "episode_toolbox",
     "final_answer_of",
     "needs_workspace",
     "sandbox_available",

@@ -562,3 +562,21 @@ CODEACT_TOOLS: tuple[Tool, ...] = (FHIR_QUERY, FHIR_GET, PYTHON, FINISH)
 def needs_workspace(tools: Iterable[Tool]) -> bool:
     """Whether a tool set holds a tool that uses the episode's workspace (so the episode makes one)."""
     return any(t.name in ("fhir_query", "fhir_get", "python") and t.group == "codeact" for t in tools)
+
+
+def episode_toolbox(tools: Iterable[Tool], client, *, budget: int | None = None, extras: dict | None = None,
+                    unsafe_python: bool = False, dispatch: Dispatch | None = None,
+                    code_tools: Iterable[Tool] | None = None) -> tuple[Toolbox, Workspace | None]:
+    """The toolbox of one episode or served session, and its workspace if a tool needs one: the one
+    assembly ``env.Episode`` and ``fhirgym mcp`` share. The sandboxed code's FHIR functions go through
+    ``dispatch``, else through a toolbox of ``code_tools`` (default: ``tools``) on the same context."""
+    tools = tuple(tools)
+    ctx = ToolContext(client) if budget is None else ToolContext(client, budget)
+    ctx.extras.update(extras or {})
+    ctx.extras[UNSAFE_KEY] = unsafe_python
+    workspace = None
+    if needs_workspace(tools):
+        if dispatch is None:
+            dispatch = Toolbox(tuple(code_tools) if code_tools is not None else tools, ctx).call
+        workspace = ctx.extras[WORKSPACE_KEY] = Workspace(unsafe=unsafe_python, dispatch=dispatch)
+    return Toolbox(tools, ctx), workspace
