@@ -129,3 +129,14 @@ def test_invalid_resources_are_all_reported_and_nothing_is_written(tmp_path):
     assert not report.ok and report.checked == 3
     assert [key for key, _ in report.invalid] == ["Patient/p1", "Patient/p2"]
     assert not out.exists()
+
+
+def test_world_file_is_the_one_default_world_and_refuses_a_missing_file(small_world_path, tmp_path):
+    from fhirgym.world import world_file
+
+    heard: list[str] = []
+    assert world_file(seed=42, patients=10, announce=heard.append) == small_world_path
+    assert heard == ["world: seed 42, 10 patients (built once, then cached) ..."]
+    assert world_file(str(small_world_path)) == small_world_path.resolve()
+    with pytest.raises(ValueError, match="world file '.*nope.db' does not exist"):
+        world_file(tmp_path / "nope.db")

@@ -42,11 +42,9 @@ def serve(host: str, port: int, db: Path | None, base: Path | None, demo: bool, 
     config = ServerConfig(base_url=f"http://{host}:{port}/fhir", lenient_search=lenient,
                           referential_integrity=not no_referential_integrity, **_limits(limits))
     if demo:
-        from .world import build_world
+        from .world import world_file
 
-        click.echo(f"preparing the default world (seed {DEFAULT_SEED}, {DEFAULT_PATIENTS} patients; built once, "
-                   "then cached) ...", err=True)
-        base = build_world(seed=DEFAULT_SEED, patients=DEFAULT_PATIENTS).path
+        base = world_file(announce=lambda text: click.echo(text, err=True))
     with tempfile.TemporaryDirectory(prefix="fhirgym-serve-") as scratch:
         # without --db the data is still gone at exit, but kept in a scratch file rather than in memory: a
         # file layer lets reads run beside a long write (each on its own connection). --admin's snapshots
@@ -165,17 +163,17 @@ def world_show(path: Path) -> None:
 
 @world.command("check")
 @click.argument("path", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--seed", "--world-seed", "seed", default=42, show_default=True, type=int, envvar="FHIRGYM_SEED",
-              help="The world's seed (--world-seed, as the other commands call it).")
-@click.option("--patients", default=100, show_default=True, type=int)
+@click.option("--seed", "--world-seed", "seed", default=DEFAULT_SEED, show_default=True, type=int,
+              envvar="FHIRGYM_SEED", help="The world's seed (--world-seed, as the other commands call it).")
+@click.option("--patients", default=DEFAULT_PATIENTS, show_default=True, type=int)
 def world_check(path: Path | None, seed: int, patients: int) -> None:
     """Validate every resource of a world as a write would (FHIRPath invariants included); exit 1 on any
     error. Without PATH: the (cached) world of --seed and --patients."""
     import time
 
-    from .world import build_world, check_world
+    from .world import check_world, world_file
 
-    path = path or build_world(seed, patients).path
+    path = world_file(path, seed=seed, patients=patients)
     t = time.perf_counter()
     report = check_world(path)
     click.echo(f"{path}: {report.summary(limit=50)} ({time.perf_counter() - t:.1f} s)")
@@ -232,13 +230,10 @@ def _world_options(fn):
 
 def _task_world(world_path: Path | None, patients: int, world_seed: int):
     from .tasks import TaskWorld
+    from .world import world_file
 
-    if world_path is None:
-        from .world import build_world
-
-        click.echo(f"world: seed {world_seed}, {patients} patients (built once, then cached) ...", err=True)
-        world_path = build_world(seed=world_seed, patients=patients).path
-    return TaskWorld.open(world_path)
+    return TaskWorld.open(world_file(world_path, seed=world_seed, patients=patients,
+                                     announce=lambda text: click.echo(text, err=True)))
 
 
 def _load_families(ctx, param, value: tuple[str, ...]) -> tuple[str, ...]:
@@ -1077,8 +1072,8 @@ def _rl_common(fn):
         click.option("--max-turns", type=int, default=None, help="Model turns per episode (default: the recipe's; eval 6)."),
         click.option("--max-new-tokens", type=int, default=None,
                      help="Tokens per completion (train: the whole multi-turn completion; eval: per turn)."),
-        click.option("--world-seed", default=42, show_default=True),
-        click.option("--patients", default=10, show_default=True),
+        click.option("--world-seed", default=DEFAULT_SEED, show_default=True),
+        click.option("--patients", default=DEFAULT_PATIENTS, show_default=True),
         click.option("--qa-per-template", default=20, show_default=True, help="QA: size of the question set."),
         click.option("--qa-seed", default=0, show_default=True),
         click.option("--threads", type=int, default=None, help="torch threads (default: torch's choice)."),
@@ -1185,8 +1180,8 @@ def rl_train(ctx: click.Context, recipe: str, model: str, track: str, selector: 
 @click.option("--max-turns", default=12, show_default=True, help="Model turns per episode (as training will use).")
 @click.option("--max-new-tokens", default=2048, show_default=True,
               help="Tokens per completion, tool results included (as training will use).")
-@click.option("--world-seed", default=42, show_default=True)
-@click.option("--patients", default=10, show_default=True)
+@click.option("--world-seed", default=DEFAULT_SEED, show_default=True)
+@click.option("--patients", default=DEFAULT_PATIENTS, show_default=True)
 @click.option("--qa-per-template", default=20, show_default=True, help="QA: size of the question set.")
 @click.option("--qa-seed", default=0, show_default=True)
 @click.option("--seed", default=0, show_default=True)

@@ -28,14 +28,9 @@ _LOCK = threading.Lock()
 
 def world_path(world: str | None, world_seed: int = DEFAULT_SEED, patients: int = DEFAULT_PATIENTS) -> str:
     """``world`` (a file), else the cached seeded world every fhirgym command defaults to."""
-    if world is not None:
-        path = Path(world).expanduser()
-        if not path.is_file():
-            raise ValueError(f"world file {world!r} does not exist")
-        return str(path.resolve())
-    from ..world import build_world
+    from ..world import world_file
 
-    return str(build_world(seed=world_seed, patients=patients).path)
+    return str(world_file(world, seed=world_seed, patients=patients))
 
 
 def source(track: str, world: str, tasks: str | list[str], seeds, *, split: str = "valid",

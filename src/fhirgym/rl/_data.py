@@ -23,7 +23,7 @@ import orjson
 
 from ..tasks import QA, TRACKS, Instance, TaskInfeasible, TaskWorld, get_track, make_instance, select
 from ..tasks.qa import QaFamily, QaQuestion, build_questions, qa_instance
-from ..world import DEFAULT_PATIENTS, DEFAULT_SEED, build_world, world_sha256
+from ..world import DEFAULT_PATIENTS, DEFAULT_SEED, world_file, world_sha256
 from ._reward import RewardSpec
 from ._text import TEXT_BUDGET, TextEpisode
 
@@ -66,8 +66,8 @@ def world_of(spec: dict | None) -> TaskWorld:
         return _WORLDS[key]
     with _one_builder(("world", *key)):
         if key not in _WORLDS:
-            path = spec["path"] if spec.get("path") else build_world(seed=key[1], patients=key[2]).path
-            _WORLDS[key] = TaskWorld.open(path)
+            _WORLDS[key] = TaskWorld.open(world_file(spec.get("path") or None, seed=int(spec.get("seed", DEFAULT_SEED)),
+                                                     patients=int(spec.get("patients", DEFAULT_PATIENTS))))
         return _WORLDS[key]
 
 

@@ -19,6 +19,7 @@ from ._build import (
     check_world,
     flatten_bundles,
     import_world,
+    world_file,
     world_info,
     world_sha256,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "import_world",
     "repair_bundle",
     "synthea_bundles",
+    "world_file",
     "world_info",
     "world_sha256",
 ]

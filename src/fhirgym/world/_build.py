@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from pathlib import Path
@@ -261,6 +262,21 @@ def _store_world(store: Store, resources: list[dict], path: Path, manifest: dict
     store.finish(path)
     timings["finish"] = time.perf_counter() - t
     return report
+
+
+def world_file(path: str | Path | None = None, *, seed: int = DEFAULT_SEED, patients: int = DEFAULT_PATIENTS,
+               announce: Callable[[str], None] | None = None) -> Path:
+    """The world a command, a dataset row or a task works on: ``path`` if given (it must be a file), else
+    the cached seeded world of ``seed`` and ``patients``, built on first use (``announce`` hears that
+    first). Every default world in fhirgym comes from here."""
+    if path is not None:
+        found = Path(path).expanduser()
+        if not found.is_file():
+            raise ValueError(f"world file {str(path)!r} does not exist")
+        return found.resolve()
+    if announce is not None:
+        announce(f"world: seed {seed}, {patients} patients (built once, then cached) ...")
+    return build_world(seed=seed, patients=patients).path
 
 
 def build_world(seed: int = DEFAULT_SEED, patients: int = DEFAULT_PATIENTS, anchor_date: date | str = DEFAULT_ANCHOR,
