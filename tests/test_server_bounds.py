@@ -249,7 +249,7 @@ def test_a_request_inside_another_keeps_the_outer_deadline():
 
 @pytest.mark.parametrize("limit", ["request_timeout=none", "max_cascade_delete=5"])
 def test_serve_limits_parse(limit):
-    from fhirgym.cli import _limits
+    from fhirgym.cli.serve import _limits
 
     name, _, value = limit.partition("=")
     assert _limits((limit,)) == {name: None if value == "none" else int(value)}

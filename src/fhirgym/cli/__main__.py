@@ -1,0 +1,5 @@
+"""``python -m fhirgym.cli``: the ``fhirgym`` command."""
+
+from . import main
+
+main()
