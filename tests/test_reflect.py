@@ -101,12 +101,31 @@ def test_lesson_content_check(text, reason):
 
 def test_screening_drops_what_is_no_lesson_and_says_why():
     good = {"resource_type": "Appointment", "operation": "update", "tip": "Cancel by setting status to cancelled."}
+    other = {**good, "tip": "Read the appointment again after the update to see its new status."}
     lessons = _check_lessons({"macro": "the macro lesson, 1-4 sentences", "micro": [
-        good, {**good, "resource_type": "MRN"}, good, good, good]})
+        good, {**good, "resource_type": "MRN", "tip": "Search by MRN."}, other, good, good]})
     rejected = screen_lessons(lessons, with_specs=False)
-    assert lessons["macro"] is None and lessons["micro"] == [{**good, "spec_paths": []}] * 2  # the 1st and 3rd
+    assert lessons["macro"] is None and lessons["micro"] == [{**t, "spec_paths": []} for t in (good, other)]
     assert [r["reason"].split(":")[0] for r in rejected] == [
         "restates the prompt", "not an R4 resource type", "beyond the 3 tips asked for", "beyond the 3 tips asked for"]
+
+
+def test_screening_drops_the_task_request_restated_and_one_tip_written_for_several_pairs():
+    request = ("Record a blood pressure of 128/82 mmHg for Ana Diaz (born May 2, 1961), taken just now. Chart it "
+               "as a vital-signs Observation with status final, LOINC 85354-9 (blood pressure panel).")
+    same = "The agent should read the resource to find the correct patient's ID and name."
+    lessons = _check_lessons({"macro": "Record a blood pressure of <VALUE> mmHg for <VALUE> (born <DATE>), taken "
+                                       "just now, as a vital-signs Observation with status final.",
+                              "micro": [{"resource_type": t, "operation": "read", "tip": same}
+                                        for t in ("Account", "ActivityDefinition")]
+                              + [{"resource_type": "Observation", "operation": "create",
+                                  "tip": "Put systolic and diastolic in two components, each with its own LOINC code."}]})
+    rejected = screen_lessons(lessons, with_specs=False, request=request)
+    assert lessons["macro"] is None and [t["resource_type"] for t in lessons["micro"]] == ["Observation"]
+    assert [r["reason"] for r in rejected][1:] == ["the same tip for 2 pairs: about none of them"] * 2
+    assert rejected[0]["reason"].startswith("restates the prompt")
+    kept = _check_lessons({"macro": "Chart the two pressures as components of one panel Observation.", "micro": []})
+    assert screen_lessons(kept, with_specs=False, request=request) == [] and kept["macro"]
 
 
 @pytest.fixture(scope="module")

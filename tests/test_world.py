@@ -138,5 +138,5 @@ def test_world_file_is_the_one_default_world_and_refuses_a_missing_file(small_wo
     assert world_file(seed=42, patients=10, announce=heard.append) == small_world_path
     assert heard == ["world: seed 42, 10 patients (built once, then cached) ..."]
     assert world_file(str(small_world_path)) == small_world_path.resolve()
-    with pytest.raises(ValueError, match="world file '.*nope.db' does not exist"):
+    with pytest.raises(ValueError, match=r"world file '.*nope\.db' does not exist"):
         world_file(tmp_path / "nope.db")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import re
 import time
+from collections import Counter
 from importlib.resources import files
 from typing import Any
 
@@ -194,10 +195,14 @@ def prompt_passages(*names: str) -> tuple[tuple[tuple[str, frozenset[str]], ...]
     """What of the named prompts a lesson must not restate: their passages (every field description of the
     JSON template, the text between ``<`` and ``>``; every bullet and every sentence), each with its content
     words, and every run of :data:`SPAN` consecutive words."""
+    return text_passages(*(prompt_text(name) for name in names))
+
+
+def text_passages(*texts: str) -> tuple[tuple[tuple[str, frozenset[str]], ...], frozenset[tuple[str, ...]]]:
+    """:func:`prompt_passages` of any texts (the task request a run was given, too)."""
     out: list[str] = []
     spans: set[tuple[str, ...]] = set()
-    for name in names:
-        text = prompt_text(name)
+    for text in texts:
         out += re.findall(r"<([^<>]+)>", text)
         for block in re.split(r"\n(?=- )|\n\n", re.sub(r"<[^<>]+>", " ", text)):
             out += [s for s in re.split(r"(?<=[.;:!?])\s+", " ".join(block.split())) if s]
@@ -233,11 +238,17 @@ def lesson_problem(text: str, prompt: tuple[tuple[tuple[str, frozenset[str]], ..
     return None
 
 
-def screen_lessons(lessons: dict, with_specs: bool) -> list[dict]:
-    """Drop from ``lessons`` (in place) what is no lesson; return the dropped ones with their reasons. A tip
-    beyond the third, or keyed by something that is not an R4 resource type, is dropped too."""
+def screen_lessons(lessons: dict, with_specs: bool, request: str | None = None) -> list[dict]:
+    """Drop from ``lessons`` (in place) what is no lesson; return the dropped ones with their reasons. A lesson
+    must not restate the prompts nor the run's task ``request`` either; a tip beyond the third, keyed by
+    something that is not an R4 resource type, or written word for word for several (type, operation)
+    pairs (so about none of them) is dropped too."""
     prompt = prompt_passages("evaluator", "reflector", *(("reflector_specs",) if with_specs else ()))
+    if request:
+        task = text_passages(request)
+        prompt = (prompt[0] + task[0], prompt[1] | task[1])
     rejected = []
+    copies = Counter(" ".join(tip["tip"].split()) for tip in lessons["micro"][:MAX_TIPS])
     problem = lesson_problem(lessons["macro"], prompt)
     if problem:
         rejected.append({"kind": "macro", "text": lessons["macro"], "reason": problem})
@@ -245,8 +256,10 @@ def screen_lessons(lessons: dict, with_specs: bool) -> list[dict]:
     types = set(load_spec().resource_types)
     kept = []
     for i, tip in enumerate(lessons["micro"]):
+        same = copies[" ".join(tip["tip"].split())]
         problem = (f"beyond the {MAX_TIPS} tips asked for" if i >= MAX_TIPS else
                    f"not an R4 resource type: {tip['resource_type']!r}" if tip["resource_type"] not in types else
+                   f"the same tip for {same} pairs: about none of them" if same > 1 else
                    lesson_problem(tip["tip"], prompt))
         if problem:
             rejected.append({"kind": "micro", "text": tip["tip"], "resource_type": tip["resource_type"],
@@ -364,6 +377,12 @@ def run_digest(transcript: dict) -> str:
         f"## Final answer\n{transcript['final_answer']}", f"## Validator verdict\n{orjson.dumps(verdict).decode()}"])
 
 
+def _section(digest: str, title: str) -> str | None:
+    """One section of a :func:`run_digest` (None if it has none of that title)."""
+    found = re.search(rf"^## {re.escape(title)}\n(.*?)(?=\n\n## |\Z)", digest, re.S | re.M)
+    return found[1] if found else None
+
+
 def evaluate(backend: ChatBackend, digest: str, usage: Usage) -> dict:
     messages = [{"role": "system", "content": prompt_text("evaluator")}, {"role": "user", "content": digest}]
     return _ask(backend, messages, _check_critique, CRITIQUE_SCHEMA, usage)[0]
@@ -378,7 +397,7 @@ def reflect(backend: ChatBackend, digest: str, critique: dict, usage: Usage, wit
     toolbox = Toolbox(SPEC_TOOLS, ToolContext(None)) if with_specs else None
     lessons, consulted = _ask(backend, messages, _check_lessons, lessons_schema(with_specs), usage,
                               [t.openai_schema() for t in SPEC_TOOLS] if with_specs else None, toolbox)
-    lessons["rejected"] = screen_lessons(lessons, with_specs)
+    lessons["rejected"] = screen_lessons(lessons, with_specs, _section(digest, "Task request"))
     checked = _checked_paths(consulted)
     for tip in lessons["micro"]:  # cite what was looked up for this tip's resource type
         cited = {p for p in tip["spec_paths"] if p.split(".")[0] in checked}
