@@ -262,14 +262,14 @@ def register(cls: type[Family] | str | None = None, /, *, difficulty: int | None
         for attr, value in declared.items():
             if value is not None:
                 setattr(family, attr, _frozen(value) if attr in ("sequences", "resource_types") else value)
-        if "writes" not in family.__dict__ and declared["writes"] is None:
+        if not hasattr(family, "writes"):
             family.writes = False
-        if declared["category"] is None and "category" not in family.__dict__:
+        if not hasattr(family, "category"):
             parts = [p for p in family.__module__.split(".") if p in CATEGORIES]
             if not parts:
                 raise TypeError(f"{family.__name__}: no category given and none in its module {family.__module__}")
             family.category = parts[-1]
-        if declared["title"] is None and not family.__dict__.get("title"):
+        if not family.title:
             family.title = (family.__doc__ or "").strip().splitlines()[0].strip() if family.__doc__ else ""
         return _register(family)
 

@@ -408,18 +408,14 @@ def _cancel(tools: Toolbox, appt_id: str, reason: list[str] | None) -> None:
 
 # -- booking -----------------------------------------------------------------------------------------------
 
-@register
+@register("scheduling.book_first_free_slot", difficulty=2, writes=True,
+          touches=("Patient", "Slot", "Appointment"),
+          sequences=(("searchResources", "createResource", "updateResource"), ("searchResources", "updateResource", "createResource")),
+          category="scheduling")
 class BookFirstFreeSlot(Family):
-    """First free routine slot of a named doctor at/after a stated time: urgent and busy slots are skipped."""
+    """Book a patient into a doctor's first free routine slot at or after a given time
 
-    id = "scheduling.book_first_free_slot"
-    title = "Book a patient into a doctor's first free routine slot at or after a given time"
-    category = "scheduling"
-    difficulty = 2
-    writes = True
-    resource_types = ("Patient", "Slot", "Appointment")
-    sequences = (("searchResources", "createResource", "updateResource"),
-                 ("searchResources", "updateResource", "createResource"))
+    First free routine slot of a named doctor at/after a stated time: urgent and busy slots are skipped."""
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         w = _world(view)
@@ -456,18 +452,14 @@ class BookFirstFreeSlot(Family):
         return f"Booked the slot at {slot['start']}."
 
 
-@register
+@register("scheduling.book_stated_slot", difficulty=2, writes=True,
+          touches=("Patient", "Slot", "Appointment"),
+          sequences=(("searchResources", "createResource", "updateResource"), ("searchResources", "updateResource", "createResource")),
+          category="scheduling")
 class BookStatedSlot(Family):
-    """A stated doctor and time while another doctor (same name or same specialty) is free at that time."""
+    """Book a stated doctor and time when another doctor is free at the same time
 
-    id = "scheduling.book_stated_slot"
-    title = "Book a stated doctor and time when another doctor is free at the same time"
-    category = "scheduling"
-    difficulty = 2
-    writes = True
-    resource_types = ("Patient", "Slot", "Appointment")
-    sequences = (("searchResources", "createResource", "updateResource"),
-                 ("searchResources", "updateResource", "createResource"))
+    A stated doctor and time while another doctor (same name or same specialty) is free at that time."""
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         w = _world(view)
@@ -525,18 +517,14 @@ def _booked_first_hit_is_not(view: View, patient: str, target: str | None) -> bo
     return None if len(hits) < 2 else hits[0]["id"] != target
 
 
-@register
+@register("scheduling.cancel_nearest_appointment", difficulty=2, writes=True, touches=("Appointment", "Slot"),
+          sequences=(("searchResources", "updateResource", "updateResource"),), category="scheduling")
 class CancelNearestAppointment(Family):
-    """The patient's next appointment among several; stale 'booked' ones before now and the
+    """Cancel a patient's next upcoming appointment and free its slot
+
+    The patient's next appointment among several; stale 'booked' ones before now and the
     entered-in-error duplicate do not count."""
 
-    id = "scheduling.cancel_nearest_appointment"
-    title = "Cancel a patient's next upcoming appointment and free its slot"
-    category = "scheduling"
-    difficulty = 2
-    writes = True
-    resource_types = ("Appointment", "Slot")
-    sequences = (("searchResources", "updateResource", "updateResource"),)
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         w = _world(view)
@@ -568,17 +556,12 @@ class CancelNearestAppointment(Family):
         return f"Cancelled the appointment of {appt['start']} and freed its slot."
 
 
-@register
+@register("scheduling.cancel_with_provider", difficulty=2, writes=True, touches=("Appointment", "Slot"),
+          sequences=(("searchResources", "updateResource", "updateResource"),), category="scheduling")
 class CancelWithProvider(Family):
-    """One of the patient's upcoming appointments, picked by its doctor (possibly one of a same-name pair)."""
+    """Cancel a patient's upcoming appointment with a given doctor
 
-    id = "scheduling.cancel_with_provider"
-    title = "Cancel a patient's upcoming appointment with a given doctor"
-    category = "scheduling"
-    difficulty = 2
-    writes = True
-    resource_types = ("Appointment", "Slot")
-    sequences = (("searchResources", "updateResource", "updateResource"),)
+    One of the patient's upcoming appointments, picked by its doctor (possibly one of a same-name pair)."""
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         w = _world(view)
@@ -616,17 +599,12 @@ class CancelWithProvider(Family):
         return f"Cancelled the appointment of {appt['start']} with {params['doc']} and freed its slot."
 
 
-@register
+@register("scheduling.cancel_monday_appointment", difficulty=2, writes=True, touches=("Appointment", "Slot"),
+          sequences=(("searchResources", "updateResource", "updateResource"),), category="scheduling")
 class CancelMondayAppointment(Family):
-    """The one upcoming appointment that falls on a Monday, among the patient's others (weekdays)."""
+    """Cancel a patient's upcoming Monday appointment
 
-    id = "scheduling.cancel_monday_appointment"
-    title = "Cancel a patient's upcoming Monday appointment"
-    category = "scheduling"
-    difficulty = 2
-    writes = True
-    resource_types = ("Appointment", "Slot")
-    sequences = (("searchResources", "updateResource", "updateResource"),)
+    The one upcoming appointment that falls on a Monday, among the patient's others (weekdays)."""
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         w = _world(view)
@@ -678,18 +656,14 @@ def _waitlisted(w: _World) -> list[Appointment]:
     return sorted(out, key=lambda a: a.id)
 
 
-@register
+@register("scheduling.add_to_waitlist", difficulty=2, writes=True, touches=("Patient", "Appointment"),
+          sequences=(("searchResources", "createResource"),), category="scheduling")
 class AddToWaitlist(Family):
-    """A new waitlist Appointment (status, requestedPeriod, participants, no slot), for a named doctor or,
+    """Put a patient on a doctor's (or a specialty's) waitlist for a date window
+
+    A new waitlist Appointment (status, requestedPeriod, participants, no slot), for a named doctor or,
     in about a third of the instances, for a specialty with no doctor yet."""
 
-    id = "scheduling.add_to_waitlist"
-    title = "Put a patient on a doctor's (or a specialty's) waitlist for a date window"
-    category = "scheduling"
-    difficulty = 2
-    writes = True
-    resource_types = ("Patient", "Appointment")
-    sequences = (("searchResources", "createResource"),)
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         w = _world(view)
@@ -765,18 +739,14 @@ def _window_slot(w: _World, a: Appointment, now: datetime) -> Slot | None:
     return None
 
 
-@register
+@register("scheduling.waitlist_to_slot", difficulty=3, writes=True, touches=("Appointment", "Slot"),
+          sequences=(("searchResources", "updateResource", "updateResource"),), category="scheduling")
 class WaitlistToSlot(Family):
-    """Window arithmetic (requested period, after now, a day without another booking), the earliest free
+    """Move a waitlisted patient into the earliest free slot inside the requested window
+
+    Window arithmetic (requested period, after now, a day without another booking), the earliest free
     routine slot, and an update of the waitlist entry itself into a booking."""
 
-    id = "scheduling.waitlist_to_slot"
-    title = "Move a waitlisted patient into the earliest free slot inside the requested window"
-    category = "scheduling"
-    difficulty = 3
-    writes = True
-    resource_types = ("Appointment", "Slot")
-    sequences = (("searchResources", "updateResource", "updateResource"),)
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         w = _world(view)
@@ -825,17 +795,12 @@ class WaitlistToSlot(Family):
         return f"Booked the waitlisted appointment into the slot at {slot['start']}."
 
 
-@register
+@register("scheduling.remove_from_waitlist", difficulty=2, writes=True, touches=("Appointment",),
+          sequences=(("searchResources", "updateResource"),), category="scheduling")
 class RemoveFromWaitlist(Family):
-    """Find the waitlist entry (not the patient's booked appointments) and cancel it rather than delete it."""
+    """Take a patient off a doctor's waitlist (status cancelled)
 
-    id = "scheduling.remove_from_waitlist"
-    title = "Take a patient off a doctor's waitlist (status cancelled)"
-    category = "scheduling"
-    difficulty = 2
-    writes = True
-    resource_types = ("Appointment",)
-    sequences = (("searchResources", "updateResource"),)
+    Find the waitlist entry (not the patient's booked appointments) and cancel it rather than delete it."""
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         w = _world(view)
@@ -906,18 +871,15 @@ def _stage_booking(view: View, params: dict) -> list[dict]:
     return [appt, {**slot, "status": "busy"}]
 
 
-@register
+@register("scheduling.reschedule_next_monday", difficulty=3, writes=True, touches=("Appointment", "Slot"),
+          sequences=(("searchResources", "updateResource", "updateResource", "updateResource"),),
+          category="scheduling")
 class RescheduleNextMonday(Family):
-    """Weekday arithmetic from the clock ("next Monday"; on a weekend, "this coming Monday"), the same time
+    """Reschedule an appointment to next Monday, same doctor and time
+
+    Weekday arithmetic from the clock ("next Monday"; on a weekend, "this coming Monday"), the same time
     of day, three coordinated updates."""
 
-    id = "scheduling.reschedule_next_monday"
-    title = "Reschedule an appointment to next Monday, same doctor and time"
-    category = "scheduling"
-    difficulty = 3
-    writes = True
-    resource_types = ("Appointment", "Slot")
-    sequences = (("searchResources", "updateResource", "updateResource", "updateResource"),)
 
     @staticmethod
     def _target(w: _World, schedule: str, start: str, now: datetime) -> Slot | None:
@@ -1007,18 +969,15 @@ class RescheduleNextMonday(Family):
         return f"Moved the appointment to {new['start']}."
 
 
-@register
+@register("scheduling.reschedule_other_provider", difficulty=3, writes=True, touches=("Appointment", "Slot"),
+          sequences=(("searchResources", "updateResource", "updateResource", "updateResource"),),
+          category="scheduling")
 class RescheduleOtherProvider(Family):
-    """Find the one other doctor of the same specialty free at that exact instant, then swap practitioner
+    """Move an appointment to another same-specialty doctor free at the same time
+
+    Find the one other doctor of the same specialty free at that exact instant, then swap practitioner
     and slot on the existing appointment and flip both slots."""
 
-    id = "scheduling.reschedule_other_provider"
-    title = "Move an appointment to another same-specialty doctor free at the same time"
-    category = "scheduling"
-    difficulty = 3
-    writes = True
-    resource_types = ("Appointment", "Slot")
-    sequences = (("searchResources", "updateResource", "updateResource", "updateResource"),)
 
     @staticmethod
     def _alternatives(w: _World, slot: Slot) -> list[Slot]:

@@ -99,18 +99,15 @@ def _new_related_person(existing: set[str]) -> Check:
     return custom("subscriber", "subscriber → the new RelatedPerson", fn)
 
 
-@register
+@register("billing.add_coverage", difficulty=3, writes=True,
+          touches=("Patient", "Organization", "RelatedPerson", "Coverage"),
+          sequences=(("searchResources", "createResource", "createResource"),))
 class AddCoverage(Family):
-    """Two dependent creates: the subscriber (a RelatedPerson) first, then a Coverage referencing it,
+    """Record a dependant's new coverage, creating the subscriber as a RelatedPerson first
+
+    Two dependent creates: the subscriber (a RelatedPerson) first, then a Coverage referencing it,
     the insurer Organization found by search, and group and plan as Coverage.class."""
 
-    id = "billing.add_coverage"
-    title = "Record a dependant's new coverage, creating the subscriber as a RelatedPerson first"
-    category = "billing"
-    difficulty = 3
-    writes = True
-    resource_types = ("Patient", "Organization", "RelatedPerson", "Coverage")
-    sequences = (("searchResources", "createResource", "createResource"),)
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         p = pick(rng, candidates(view, "uninsured", _uninsured))
@@ -255,18 +252,14 @@ def _one_primary(view: View, p: dict) -> bool:
     return len(primary) == 1 and all(isinstance(c.get("order"), int) for c in active)
 
 
-@register
+@register("billing.find_coverage", difficulty=2, touches=("Patient", "Coverage"),
+          sequences=(("searchResources", "searchResources"),))
 class FindCoverage(Family):
-    """The active primary coverage among cancelled (replaced), entered-in-error (wrong payer) and
+    """Name the payer and member ID of a patient's active primary coverage
+
+    The active primary coverage among cancelled (replaced), entered-in-error (wrong payer) and
     secondary ones."""
 
-    id = "billing.find_coverage"
-    title = "Name the payer and member ID of a patient's active primary coverage"
-    category = "billing"
-    difficulty = 2
-    writes = False
-    resource_types = ("Patient", "Coverage")
-    sequences = (("searchResources", "searchResources"),)
     answer = COVERAGE_ANSWER
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -297,17 +290,13 @@ class FindCoverage(Family):
         return _solve_coverage(tools, params)
 
 
-@register
+@register("billing.no_coverage", difficulty=2, touches=("Patient", "Coverage"),
+          sequences=(("searchResources", "searchResources"),))
 class NoCoverage(EitherWay):
-    """An uninsured patient, sometimes with a lapsed (cancelled) old coverage or an insured namesake."""
+    """Payer and member ID of the active coverage, or report that there is none (lapsed coverage)
 
-    id = "billing.no_coverage"
-    title = "Payer and member ID of the active coverage, or report that there is none (lapsed coverage)"
-    category = "billing"
-    difficulty = 2
-    writes = False
-    resource_types = ("Patient", "Coverage")
-    sequences = (("searchResources", "searchResources"),)
+    An uninsured patient, sometimes with a lapsed (cancelled) old coverage or an insured namesake."""
+
     answer = AnswerSpec(COVERAGE_ANSWER.fields, none_allowed=True)
     found = FindCoverage
 
@@ -355,15 +344,10 @@ class NoCoverage(EitherWay):
 
 # -- related persons ------------------------------------------------------------------------------------
 
-@register
+@register("billing.create_related_person", difficulty=2, writes=True, touches=("Patient", "RelatedPerson"),
+          sequences=(("searchResources", "createResource"),))
 class CreateRelatedPerson(Family):
-    id = "billing.create_related_person"
-    title = "Add a patient's parent or spouse as a RelatedPerson"
-    category = "billing"
-    difficulty = 2
-    writes = True
-    resource_types = ("Patient", "RelatedPerson")
-    sequences = (("searchResources", "createResource"),)
+    """Add a patient's parent or spouse as a RelatedPerson"""
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         p = pick(rng, living_patients(view))
@@ -458,17 +442,12 @@ def _find_account(tools: Toolbox, params: dict) -> dict | None:
     return accounts[0] if accounts else None
 
 
-@register
+@register("billing.create_account", difficulty=2, writes=True, touches=("Patient", "Account"),
+          sequences=(("searchResources", "createResource"),))
 class CreateAccount(Family):
-    """The account must link exactly the patient's active coverages (not the cancelled or voided ones)."""
+    """Open a billing Account for a patient and link the active coverages
 
-    id = "billing.create_account"
-    title = "Open a billing Account for a patient and link the active coverages"
-    category = "billing"
-    difficulty = 2
-    writes = True
-    resource_types = ("Patient", "Account")
-    sequences = (("searchResources", "createResource"),)
+    The account must link exactly the patient's active coverages (not the cancelled or voided ones)."""
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         p = pick(rng, candidates(view, "no_account", lambda v, q: not accounts(v).get(q["id"])))
@@ -520,18 +499,14 @@ class CreateAccount(Family):
         return "Opened the billing account."
 
 
-@register
+@register("billing.existing_account", difficulty=2, touches=("Patient", "Account"),
+          sequences=(("searchResources", "searchResources"),))
 class ExistingAccount(Family):
-    """Asked to open an account the patient already has: the right move is to report it, not to create a
+    """Asked to open an account that already exists: report the existing Account
+
+    Asked to open an account the patient already has: the right move is to report it, not to create a
     duplicate (any write fails the task)."""
 
-    id = "billing.existing_account"
-    title = "Asked to open an account that already exists: report the existing Account"
-    category = "billing"
-    difficulty = 2
-    writes = False
-    resource_types = ("Patient", "Account")
-    sequences = (("searchResources", "searchResources"),)
     answer = AnswerSpec((Field("account_id", "id", "the id of the patient's billing account"),))
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -559,19 +534,15 @@ def _related_word(rp: dict) -> str:
     return RELATION.get(code or "", ("related person", ""))[0]
 
 
-@register
+@register("billing.set_guarantor", difficulty=2, writes=True, touches=("Patient", "RelatedPerson", "Account"),
+          sequences=(("searchResources", "updateResource"),))
 class SetGuarantor(Family):
-    """An update that must keep every other element of the Account (coverage links, owner, period). The
+    """Make a RelatedPerson the guarantor of a patient's existing Account
+
+    An update that must keep every other element of the Account (coverage links, owner, period). The
     guarantor is a relative newly on file (staged by the setup, beside any relative already there): the
     world's unguaranteed accounts are too few to vary the gold otherwise."""
 
-    id = "billing.set_guarantor"
-    title = "Make a RelatedPerson the guarantor of a patient's existing Account"
-    category = "billing"
-    difficulty = 2
-    writes = True
-    resource_types = ("Patient", "RelatedPerson", "Account")
-    sequences = (("searchResources", "updateResource"),)
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         def unguaranteed(p: dict) -> bool:
@@ -656,17 +627,13 @@ def _solve_guarantor(tools: Toolbox, params: dict) -> str:
     return answer_text({"guarantor": full_name(party)})
 
 
-@register
+@register("billing.find_guarantor", difficulty=2, touches=("Patient", "Account"),
+          sequences=(("searchResources", "searchResources"),))
 class FindGuarantor(Family):
-    """The guarantor is a RelatedPerson or the patient; a reference to resolve to a name."""
+    """Name the guarantor of a patient's Account
 
-    id = "billing.find_guarantor"
-    title = "Name the guarantor of a patient's Account"
-    category = "billing"
-    difficulty = 2
-    writes = False
-    resource_types = ("Patient", "Account")
-    sequences = (("searchResources", "searchResources"),)
+    The guarantor is a RelatedPerson or the patient; a reference to resolve to a name."""
+
     answer = GUARANTOR_ANSWER
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -703,17 +670,13 @@ class FindGuarantor(Family):
         return _solve_guarantor(tools, params)
 
 
-@register
+@register("billing.no_guarantor", difficulty=2, touches=("Patient", "Account"),
+          sequences=(("searchResources", "searchResources"),))
 class NoGuarantor(EitherWay):
-    """The account has no guarantor, although the patient has a relative on file who might look like one."""
+    """Guarantor of a patient's Account, or report that it has none (relatives on file)
 
-    id = "billing.no_guarantor"
-    title = "Guarantor of a patient's Account, or report that it has none (relatives on file)"
-    category = "billing"
-    difficulty = 2
-    writes = False
-    resource_types = ("Patient", "Account")
-    sequences = (("searchResources", "searchResources"),)
+    The account has no guarantor, although the patient has a relative on file who might look like one."""
+
     answer = AnswerSpec(GUARANTOR_ANSWER.fields, none_allowed=True)
     found = FindGuarantor
 

@@ -384,16 +384,12 @@ class _Clinical(Family):
 # ================================================================================================
 # reads
 # ================================================================================================
-@register
+@register("clinical.patient_by_mrn", difficulty=1, touches=("Patient",), sequences=(("searchResources",),))
 class PatientByMrn(_Clinical):
-    """Some MRNs belong to nobody: the agent must answer "not found" rather than guess."""
+    """Find a patient's record id from their MRN (or report that none has it)
 
-    id = "clinical.patient_by_mrn"
-    title = "Find a patient's record id from their MRN (or report that none has it)"
-    difficulty = 1
-    writes = False
-    resource_types = ("Patient",)
-    sequences = (("searchResources",),)
+    Some MRNs belong to nobody: the agent must answer "not found" rather than guess."""
+
     answer = AnswerSpec((Field("patient_id", "id", "the Patient resource id"),), none_allowed=True)
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -419,16 +415,12 @@ class PatientByMrn(_Clinical):
         return answer_text({"patient_id": hits[0]["id"]}) if hits else answer_text(NOT_FOUND)
 
 
-@register
+@register("clinical.patient_mrn", difficulty=1, touches=("Patient",), sequences=(("searchResources",),))
 class PatientMrn(_Clinical):
-    """The world has same-name patients: only the birth date tells which MRN is meant."""
+    """Give a patient's MRN from their name and date of birth
 
-    id = "clinical.patient_mrn"
-    title = "Give a patient's MRN from their name and date of birth"
-    difficulty = 1
-    writes = False
-    resource_types = ("Patient",)
-    sequences = (("searchResources",),)
+    The world has same-name patients: only the birth date tells which MRN is meant."""
+
     answer = AnswerSpec((Field("mrn", "text", "the medical record number"),))
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -448,16 +440,12 @@ class PatientMrn(_Clinical):
         return answer_text({"mrn": mrn})
 
 
-@register
+@register("clinical.patient_age", difficulty=1, touches=("Patient",), sequences=(("searchResources",),))
 class PatientAge(_Clinical):
-    """Age on the frozen today (birthdays near today make off-by-one answers wrong)."""
+    """Age in whole years today of the patient with a given MRN
 
-    id = "clinical.patient_age"
-    title = "Age in whole years today of the patient with a given MRN"
-    difficulty = 1
-    writes = False
-    resource_types = ("Patient",)
-    sequences = (("searchResources",),)
+    Age on the frozen today (birthdays near today make off-by-one answers wrong)."""
+
     answer = AnswerSpec((Field("age", "int", "age in completed years today"),))
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -476,16 +464,13 @@ class PatientAge(_Clinical):
         return answer_text({"age": _age(patient["birthDate"], now.date())})
 
 
-@register
+@register("clinical.lab_last_24h", difficulty=2, touches=("Patient", "Observation"),
+          sequences=(("searchResources", "searchResources"),))
 class LabLast24h(_Clinical):
-    """A window filter, an entered-in-error copy more recent than the real result; often nothing qualifies."""
+    """Latest value of a lab within the last 24 hours (or nothing found)
 
-    id = "clinical.lab_last_24h"
-    title = "Latest value of a lab within the last 24 hours (or nothing found)"
-    difficulty = 2
-    writes = False
-    resource_types = ("Patient", "Observation")
-    sequences = (("searchResources", "searchResources"),)
+    A window filter, an entered-in-error copy more recent than the real result; often nothing qualifies."""
+
     answer = AnswerSpec((Field("value", "number", "the result in the unit the lab reports"),),
                         none_allowed=True)
     CODES = ("19123-9", "2823-3", "2951-2", "2160-0", "718-7")
@@ -533,17 +518,14 @@ class LabLast24h(_Clinical):
         return answer_text({"value": found[0]["valueQuantity"]["value"]}) if found else answer_text(NOT_FOUND)
 
 
-@register
+@register("clinical.lab_mean", difficulty=2, touches=("Patient", "Observation"),
+          sequences=(("searchResources", "searchResources"),))
 class LabMean(_Clinical):
-    """Averaging needs every valid result of the window and none outside it (hospital stays chart labs
+    """Mean of a lab's results between two dates
+
+    Averaging needs every valid result of the window and none outside it (hospital stays chart labs
     daily; the world's entered-in-error copies sometimes fall inside)."""
 
-    id = "clinical.lab_mean"
-    title = "Mean of a lab's results between two dates"
-    difficulty = 2
-    writes = False
-    resource_types = ("Patient", "Observation")
-    sequences = (("searchResources", "searchResources"),)
     answer = AnswerSpec((Field("mean", "number", "the average, rounded to one decimal", tolerance=0.06),))
     CODES = ("2345-7", "2823-3", "2951-2", "2160-0", "718-7")
 
@@ -588,18 +570,15 @@ class LabMean(_Clinical):
         return answer_text({"mean": round(sum(found) / len(found), 1)})
 
 
-@register
+@register("clinical.latest_glucose", difficulty=2, touches=("Patient", "Observation"),
+          sequences=(("searchResources", "searchResources"),))
 class LatestGlucose(_Clinical):
-    """Two glucose codes (blood, serum) to merge, and an entered-in-error copy (world or setup) just after the
+    """Most recent glucose value and when it was taken
+
+    Two glucose codes (blood, serum) to merge, and an entered-in-error copy (world or setup) just after the
     real latest. Always a patient with a result: "none on file" is last_hba1c's branch (each family offering
     it adds its negative seeds to what a blind "nothing found" reply scores)."""
 
-    id = "clinical.latest_glucose"
-    title = "Most recent glucose value and when it was taken"
-    difficulty = 2
-    writes = False
-    resource_types = ("Patient", "Observation")
-    sequences = (("searchResources", "searchResources"),)
     answer = AnswerSpec((Field("value", "number", "the glucose in mg/dL"),
                          Field("taken", "datetime", "when it was taken")))
 
@@ -641,17 +620,14 @@ class LatestGlucose(_Clinical):
         return answer_text({"value": found[0]["valueQuantity"]["value"], "taken": found[0]["effectiveDateTime"]})
 
 
-@register
+@register("clinical.last_hba1c", difficulty=2, touches=("Patient", "Observation"),
+          sequences=(("searchResources", "searchResources"),))
 class LastHba1c(_Clinical):
-    """An entered-in-error copy charted minutes after the real latest HbA1c, from the world or the setup
+    """Last HbA1c value and its date (or none on file)
+
+    An entered-in-error copy charted minutes after the real latest HbA1c, from the world or the setup
     (a world where no living patient has an HbA1c gets one, with such a copy, from the setup)."""
 
-    id = "clinical.last_hba1c"
-    title = "Last HbA1c value and its date (or none on file)"
-    difficulty = 2
-    writes = False
-    resource_types = ("Patient", "Observation")
-    sequences = (("searchResources", "searchResources"),)
     answer = AnswerSpec((Field("value", "number", "the HbA1c in %"),
                          Field("date", "date", "the day it was taken")), none_allowed=True)
 
@@ -701,17 +677,14 @@ class LastHba1c(_Clinical):
         return answer_text({"value": found[0]["valueQuantity"]["value"], "date": found[0]["effectiveDateTime"][:10]})
 
 
-@register
+@register("clinical.active_medication_count", difficulty=3, touches=("Patient", "MedicationRequest"),
+          sequences=(("searchResources", "searchResources"),))
 class ActiveMedicationCount(_Clinical):
-    """Drugs are named inline or through a Medication reference; stopped and entered-in-error orders and
+    """Number of distinct drugs with an active prescription
+
+    Drugs are named inline or through a Medication reference; stopped and entered-in-error orders and
     repeated prescriptions of the same drug must not count."""
 
-    id = "clinical.active_medication_count"
-    title = "Number of distinct drugs with an active prescription"
-    difficulty = 3
-    writes = False
-    resource_types = ("Patient", "MedicationRequest")
-    sequences = (("searchResources", "searchResources"),)
     answer = AnswerSpec((Field("count", "int", "how many distinct drugs (RxNorm codes)"),))
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -748,16 +721,13 @@ class ActiveMedicationCount(_Clinical):
         return answer_text({"count": len(codes)})
 
 
-@register
+@register("clinical.last_outpatient_visit", difficulty=2, touches=("Patient", "Encounter"),
+          sequences=(("searchResources", "searchResources"),))
 class LastOutpatientVisit(_Clinical):
-    """Outpatient means class AMB: emergency and inpatient encounters (often more recent) do not count."""
+    """Date and type of the most recent outpatient visit
 
-    id = "clinical.last_outpatient_visit"
-    title = "Date and type of the most recent outpatient visit"
-    difficulty = 2
-    writes = False
-    resource_types = ("Patient", "Encounter")
-    sequences = (("searchResources", "searchResources"),)
+    Outpatient means class AMB: emergency and inpatient encounters (often more recent) do not count."""
+
     answer = AnswerSpec((Field("date", "date", "the day the visit started"),
                          Field("type_code", "text", "the SNOMED CT code of the visit type")))
 
@@ -824,13 +794,12 @@ class _RecordVital(_Clinical):
         return "Charted the measurement."
 
 
-@register
+@register("clinical.record_blood_pressure", difficulty=2)
 class RecordBloodPressure(_RecordVital):
-    """A panel with two coded components, each with its own value and unit."""
+    """Chart a blood pressure reading (LOINC panel with systolic and diastolic components)
 
-    id = "clinical.record_blood_pressure"
-    title = "Chart a blood pressure reading (LOINC panel with systolic and diastolic components)"
-    difficulty = 2
+    A panel with two coded components, each with its own value and unit."""
+
     CODE, DISPLAY = "85354-9", "Blood pressure panel with all children optional"
 
     def measure(self, rng: random.Random) -> dict:
@@ -879,11 +848,10 @@ class _SimpleVital(_RecordVital):
                                   "code": self.UNIT}}
 
 
-@register
+@register("clinical.record_body_weight", difficulty=2)
 class RecordBodyWeight(_SimpleVital):
-    id = "clinical.record_body_weight"
-    title = "Chart a body weight in kg"
-    difficulty = 2
+    """Chart a body weight in kg"""
+
     CODE, DISPLAY, UNIT = "29463-7", "Body weight", "kg"
 
     def measure(self, rng: random.Random) -> dict:
@@ -895,11 +863,10 @@ class RecordBodyWeight(_SimpleVital):
                 "effective now.")
 
 
-@register
+@register("clinical.record_heart_rate", difficulty=2)
 class RecordHeartRate(_SimpleVital):
-    id = "clinical.record_heart_rate"
-    title = "Chart a heart rate in beats per minute"
-    difficulty = 2
+    """Chart a heart rate in beats per minute"""
+
     CODE, DISPLAY, UNIT = "8867-4", "Heart rate", "/min"
 
     def measure(self, rng: random.Random) -> dict:
@@ -911,13 +878,12 @@ class RecordHeartRate(_SimpleVital):
                 "value in /min (UCUM), effective now.")
 
 
-@register
+@register("clinical.record_temperature", difficulty=2)
 class RecordTemperature(_RecordVital):
-    """The reading is given in °F and must be charted in °C (converted and rounded)."""
+    """Chart a body temperature given in °F as °C
 
-    id = "clinical.record_temperature"
-    title = "Chart a body temperature given in °F as °C"
-    difficulty = 2
+    The reading is given in °F and must be charted in °C (converted and rounded)."""
+
     CODE, DISPLAY = "8310-5", "Body temperature"
 
     def measure(self, rng: random.Random) -> dict:
@@ -953,24 +919,22 @@ def _magnesium_dose(value: float) -> int:
     return 4 if value < 1.2 else 2 if value < 1.5 else 1
 
 
-@register
+@register("clinical.magnesium_if_low", difficulty=3, writes=True,
+          touches=("Patient", "Observation", "MedicationRequest"),
+          sequences=(("searchResources", "searchResources", "createResource"),))
 class MagnesiumIfLow(Branched, _Clinical):
-    """One IV order at the dose of the band when the magnesium is low, nothing when it is normal: both
+    """Magnesium in the last 24 h: if low, order IV magnesium sulfate at the dose for its band
+
+    One IV order at the dose of the band when the magnesium is low, nothing when it is normal: both
     branches in one family. The entered-in-error copy (more recent, decimal slip) and an older result lie on
     the other side of the threshold; the dose depends on the band the real value falls in.
 
     Seed 2k is seed k of the former ``clinical.magnesium_replacement`` (low), seed 2k+1 seed k of the
     former ``clinical.magnesium_no_order`` (normal): the same prompt, params, setup and gold."""
 
-    id = "clinical.magnesium_if_low"
-    title = "Magnesium in the last 24 h: if low, order IV magnesium sulfate at the dose for its band"
-    writes = True
-    resource_types = ("Patient", "Observation", "MedicationRequest")
-    sequences = (("searchResources", "searchResources", "createResource"),)
     read_resource_types = ("Patient", "Observation")
     read_sequences = (("searchResources", "searchResources"),)
     branches = ("clinical.magnesium_replacement", "clinical.magnesium_no_order")
-    difficulty = 3
     answer = AnswerSpec((Field("magnesium", "number", "the result you acted on, in mg/dL"),
                          Field("ordered", "bool", "whether you ordered magnesium sulfate")))
 
@@ -1032,24 +996,22 @@ class MagnesiumIfLow(Branched, _Clinical):
         return answer_text({"magnesium": value, "ordered": value < 1.8})
 
 
-@register
+@register("clinical.hba1c_if_due", difficulty=3, writes=True,
+          touches=("Patient", "Observation", "ServiceRequest"),
+          sequences=(("searchResources", "searchResources", "createResource"),))
 class Hba1cIfDue(Branched, _Clinical):
-    """Order a new HbA1c when the last valid one is over a year old, nothing when there is a recent one:
+    """Last HbA1c: if it is over a year old, order a new one
+
+    Order a new HbA1c when the last valid one is over a year old, nothing when there is a recent one:
     both branches in one family. "Most recent" must skip an entered-in-error copy that would flip the
     one-year decision.
 
     Seed 2k is seed k of the former ``clinical.hba1c_reorder`` (due), seed 2k+1 seed k of the former
     ``clinical.hba1c_not_due`` (recent): the same prompt, params, setup and gold."""
 
-    id = "clinical.hba1c_if_due"
-    title = "Last HbA1c: if it is over a year old, order a new one"
-    writes = True
-    resource_types = ("Patient", "Observation", "ServiceRequest")
-    sequences = (("searchResources", "searchResources", "createResource"),)
     read_resource_types = ("Patient", "Observation")
     read_sequences = (("searchResources", "searchResources"),)
     branches = ("clinical.hba1c_reorder", "clinical.hba1c_not_due")
-    difficulty = 3
     answer = AnswerSpec((Field("hba1c", "number", "the most recent HbA1c in %"),
                          Field("date", "date", "the day it was taken"),
                          Field("ordered", "bool", "whether you ordered a new HbA1c")))
@@ -1106,17 +1068,15 @@ class Hba1cIfDue(Branched, _Clinical):
         return answer_text({"hba1c": last["valueQuantity"]["value"], "date": last["effectiveDateTime"][:10], "ordered": due})
 
 
-@register
+@register("clinical.potassium_replacement", difficulty=3, writes=True,
+          touches=("Patient", "Observation", "ServiceRequest"),
+          sequences=(("searchResources", "searchResources", "createResource"),))
 class PotassiumReplacement(_Clinical):
-    """Conditional replacement with a computed dose (both branches occur), a distractor result on the other
+    """Replace potassium if low (dose from the value) and order a next-morning potassium
+
+    Conditional replacement with a computed dose (both branches occur), a distractor result on the other
     side of 3.5, and a lab timed for tomorrow 08:00 UTC in every case."""
 
-    id = "clinical.potassium_replacement"
-    title = "Replace potassium if low (dose from the value) and order a next-morning potassium"
-    difficulty = 3
-    writes = True
-    resource_types = ("Patient", "Observation", "ServiceRequest")
-    sequences = (("searchResources", "searchResources", "createResource"),)
     answer = AnswerSpec((Field("potassium", "number", "the result you acted on, in mmol/L"),
                          Field("replacement_ordered", "bool", "whether you ordered potassium chloride")))
 
@@ -1216,16 +1176,12 @@ REFERRALS = [
 ]
 
 
-@register
+@register("clinical.referral", difficulty=2, writes=True, touches=("Patient", "ServiceRequest"),
+          sequences=(("searchResources", "createResource"),))
 class Referral(_Clinical):
-    """A referral order whose note must carry the clinician's free text."""
+    """Refer a patient to a specialty (ServiceRequest with SNOMED code, priority and note)
 
-    id = "clinical.referral"
-    title = "Refer a patient to a specialty (ServiceRequest with SNOMED code, priority and note)"
-    difficulty = 2
-    writes = True
-    resource_types = ("Patient", "ServiceRequest")
-    sequences = (("searchResources", "createResource"),)
+    A referral order whose note must carry the clinician's free text."""
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         n = rng.randrange(len(REFERRALS))
@@ -1254,17 +1210,14 @@ class Referral(_Clinical):
         return "Placed the referral."
 
 
-@register
+@register("clinical.stop_medication", difficulty=2, writes=True, touches=("Patient", "MedicationRequest"),
+          sequences=(("searchResources", "searchResources", "updateResource"),))
 class StopMedication(_Clinical):
-    """The drug may sit behind a Medication reference; the update must keep every other element, and an
+    """Discontinue an active prescription (status stopped, rest unchanged)
+
+    The drug may sit behind a Medication reference; the update must keep every other element, and an
     entered-in-error duplicate of the order may exist."""
 
-    id = "clinical.stop_medication"
-    title = "Discontinue an active prescription (status stopped, rest unchanged)"
-    difficulty = 2
-    writes = True
-    resource_types = ("Patient", "MedicationRequest")
-    sequences = (("searchResources", "searchResources", "updateResource"),)
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         fits = [(p, r) for p in _people(view) for r in self._stoppable(view, p)]
@@ -1333,16 +1286,12 @@ PRESCRIPTIONS = [
 ]
 
 
-@register
+@register("clinical.prescribe_medication", difficulty=2, writes=True,
+          touches=("Patient", "MedicationRequest"), sequences=(("searchResources", "createResource"),))
 class PrescribeMedication(_Clinical):
-    """A structured dosage (route, dose, frequency, period) rather than free text."""
+    """Start a new oral medication with a structured dosage
 
-    id = "clinical.prescribe_medication"
-    title = "Start a new oral medication with a structured dosage"
-    difficulty = 2
-    writes = True
-    resource_types = ("Patient", "MedicationRequest")
-    sequences = (("searchResources", "createResource"),)
+    A structured dosage (route, dose, frequency, period) rather than free text."""
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         person = pick(rng, _adults(view))
@@ -1396,16 +1345,12 @@ REACTIONS = [("247472004", "Hives", "low"), ("271807003", "Skin rash", "low"),
              ("39579001", "Anaphylaxis", "high"), ("267036007", "Dyspnea", "high")]
 
 
-@register
+@register("clinical.record_allergy", difficulty=2, writes=True, touches=("Patient", "AllergyIntolerance"),
+          sequences=(("searchResources", "createResource"),))
 class RecordAllergy(_Clinical):
-    """Several coded elements with their own code systems (clinical, verification status, manifestation)."""
+    """Record a new allergy with its reaction
 
-    id = "clinical.record_allergy"
-    title = "Record a new allergy with its reaction"
-    difficulty = 2
-    writes = True
-    resource_types = ("Patient", "AllergyIntolerance")
-    sequences = (("searchResources", "createResource"),)
+    Several coded elements with their own code systems (clinical, verification status, manifestation)."""
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         person = pick(rng, _people(view))
@@ -1461,14 +1406,10 @@ VACCINES = [
 ]
 
 
-@register
+@register("clinical.record_immunization", difficulty=2, writes=True, touches=("Patient", "Immunization"),
+          sequences=(("searchResources", "createResource"),))
 class RecordImmunization(_Clinical):
-    id = "clinical.record_immunization"
-    title = "Record a vaccine given today (CVX, lot number, site)"
-    difficulty = 2
-    writes = True
-    resource_types = ("Patient", "Immunization")
-    sequences = (("searchResources", "createResource"),)
+    """Record a vaccine given today (CVX, lot number, site)"""
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         lot = "".join(rng.choice("ABCDEFGHJKLMNPRSTUVWXYZ") for _ in range(2)) + str(rng.randint(1000, 99999))
@@ -1509,17 +1450,14 @@ VOIDABLE = [
 ]
 
 
-@register
+@register("clinical.void_observation", difficulty=2, writes=True, touches=("Patient", "Observation"),
+          sequences=(("searchResources", "searchResources", "updateResource"),))
 class VoidObservation(_Clinical):
-    """Another reading of the same vital that day: the one named by time and value must be marked
+    """Mark a mis-charted vital sign as entered in error
+
+    Another reading of the same vital that day: the one named by time and value must be marked
     entered-in-error by an update (not deleted), everything else on it kept."""
 
-    id = "clinical.void_observation"
-    title = "Mark a mis-charted vital sign as entered in error"
-    difficulty = 2
-    writes = True
-    resource_types = ("Patient", "Observation")
-    sequences = (("searchResources", "searchResources", "updateResource"),)
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         n = rng.randrange(len(VOIDABLE))

@@ -192,17 +192,12 @@ def _add_supporting(tools: Toolbox, order_id: str, refs: list[str]) -> None:
 # ------------------------------------------------------------------------------------------------
 # surgery plans
 # ------------------------------------------------------------------------------------------------
-@register
+@register("orders.record_surgery_plan", difficulty=2, writes=True, touches=("Patient", "ServiceRequest"),
+          sequences=(("searchResources", "createResource"),))
 class RecordSurgeryPlan(Family):
-    """Two lookups (patient by name and birth date, the requesting doctor by name) and a coded create."""
+    """Record a surgery plan (SNOMED CT procedure) as a ServiceRequest
 
-    id = "orders.record_surgery_plan"
-    title = "Record a surgery plan (SNOMED CT procedure) as a ServiceRequest"
-    category = "orders"
-    difficulty = 2
-    writes = True
-    resource_types = ("Patient", "ServiceRequest")
-    sequences = (("searchResources", "createResource"),)
+    Two lookups (patient by name and birth date, the requesting doctor by name) and a coded create."""
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         patient = pick(rng, [p for p in _patients(view).values() if p["adult"]])
@@ -303,12 +298,11 @@ class _PlanQuestion(Family):
         return _solve_plan(tools, params, now)
 
 
-@register
+@register("orders.find_surgery_plan")
 class FindSurgeryPlan(_PlanQuestion):
-    """Date arithmetic on the clock; the patient may also have past or later plans and genetic orders."""
+    """Find a patient's surgery planned within the next 14 days
 
-    id = "orders.find_surgery_plan"
-    title = "Find a patient's surgery planned within the next 14 days"
+    Date arithmetic on the clock; the patient may also have past or later plans and genetic orders."""
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         now, plans, patients = view.now, _surgery(view), _patients(view)
@@ -366,12 +360,12 @@ class FindSurgeryPlan(_PlanQuestion):
         return Gold(answer=answer)
 
 
-@register
+@register("orders.no_surgery_in_window")
 class NoSurgeryPlanInWindow(EitherWay, _PlanQuestion):
-    """The patient has surgery plans, but all in the past or beyond 14 days: the answer is "none"."""
+    """A surgery planned within 14 days, or report that there is none (plans outside the window)
 
-    id = "orders.no_surgery_in_window"
-    title = "A surgery planned within 14 days, or report that there is none (plans outside the window)"
+    The patient has surgery plans, but all in the past or beyond 14 days: the answer is "none"."""
+
     answer = AnswerSpec(PLAN_ANSWER.fields, none_allowed=True)
     found = FindSurgeryPlan
 
@@ -395,17 +389,13 @@ class NoSurgeryPlanInWindow(EitherWay, _PlanQuestion):
 # ------------------------------------------------------------------------------------------------
 # genetic test orders
 # ------------------------------------------------------------------------------------------------
-@register
+@register("orders.order_genome_sequencing", difficulty=2, writes=True,
+          touches=("Patient", "Practitioner", "ServiceRequest"),
+          sequences=(("searchResources", "searchResources", "createResource"),))
 class OrderGenomeSequencing(Family):
-    """The requester is a geneticist found by name; the lab, when named, must be found among organizations."""
+    """Place a whole-genome-sequencing order (LOINC 86206-0) with requester and lab
 
-    id = "orders.order_genome_sequencing"
-    title = "Place a whole-genome-sequencing order (LOINC 86206-0) with requester and lab"
-    category = "orders"
-    difficulty = 2
-    writes = True
-    resource_types = ("Patient", "Practitioner", "ServiceRequest")
-    sequences = (("searchResources", "searchResources", "createResource"),)
+    The requester is a geneticist found by name; the lab, when named, must be found among organizations."""
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         gen = _genetics(view)
@@ -472,18 +462,15 @@ OUTSIDE_LABS = ("Commonwealth Molecular Diagnostics", "New England Genetic Refer
                 "Atlantic Hereditary Testing Services")
 
 
-@register
+@register("orders.attach_genetic_reports", difficulty=2, writes=True,
+          touches=("Patient", "ServiceRequest", "DiagnosticReport"),
+          sequences=(("searchResources", "searchResources", "updateResource"),))
 class AttachGeneticReports(Family):
-    """Every genetic analysis report of the patient — outside ones not based on this order included — and
+    """Attach all of a patient's genetic analysis reports to the genetic order's supportingInfo
+
+    Every genetic analysis report of the patient — outside ones not based on this order included — and
     only those (the patient also has lab panels and chest X-ray reports); what is already linked stays."""
 
-    id = "orders.attach_genetic_reports"
-    title = "Attach all of a patient's genetic analysis reports to the genetic order's supportingInfo"
-    category = "orders"
-    difficulty = 2
-    writes = True
-    resource_types = ("Patient", "ServiceRequest", "DiagnosticReport")
-    sequences = (("searchResources", "searchResources", "updateResource"),)
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         order = pick(rng, _genetics(view)["orders"])
@@ -528,18 +515,15 @@ class AttachGeneticReports(Family):
         return "Attached the genetic analysis reports to the order."
 
 
-@register
+@register("orders.attach_relevant_report", difficulty=2, writes=True,
+          touches=("Patient", "ServiceRequest", "DiagnosticReport"),
+          sequences=(("searchResources", "searchResources", "updateResource"),))
 class AttachRelevantReport(Family):
-    """The patient's chart also holds chest X-ray reports (and often many lab panels) near the order date:
+    """Attach only the genetic order's own report (not the chest X-ray) to its supportingInfo
+
+    The patient's chart also holds chest X-ray reports (and often many lab panels) near the order date:
     only the report based on this order may be attached."""
 
-    id = "orders.attach_relevant_report"
-    title = "Attach only the genetic order's own report (not the chest X-ray) to its supportingInfo"
-    category = "orders"
-    difficulty = 2
-    writes = True
-    resource_types = ("Patient", "ServiceRequest", "DiagnosticReport")
-    sequences = (("searchResources", "searchResources", "updateResource"),)
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         order = pick(rng, [o for o in _genetics(view)["orders"] if o["own_reports"] and o["xrays"]])
@@ -590,18 +574,15 @@ def _new_fmh_linked(existing: list[str], known: frozenset[str]) -> Check:
     return custom("supportingInfo", "supportingInfo = the prior entries + the new FamilyMemberHistory", fn)
 
 
-@register
+@register("orders.add_family_history", difficulty=3, writes=True,
+          touches=("Patient", "ServiceRequest", "FamilyMemberHistory"),
+          sequences=(("searchResources", "createResource", "updateResource"),))
 class AddFamilyHistory(Family):
-    """Two dependent writes: create the coded FamilyMemberHistory, then link it from the order without
+    """Record a FamilyMemberHistory and add it to the genetic order's supportingInfo
+
+    Two dependent writes: create the coded FamilyMemberHistory, then link it from the order without
     losing what the order already lists."""
 
-    id = "orders.add_family_history"
-    title = "Record a FamilyMemberHistory and add it to the genetic order's supportingInfo"
-    category = "orders"
-    difficulty = 3
-    writes = True
-    resource_types = ("Patient", "ServiceRequest", "FamilyMemberHistory")
-    sequences = (("searchResources", "createResource", "updateResource"),)
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         order = pick(rng, [o for o in _genetics(view)["orders"] if o["status"] == "active"])

@@ -30,15 +30,10 @@ from ..facts import (
 from ..solve import find_patient, find_patients
 
 
-@register
+@register("records.find_patient", difficulty=1, touches=("Patient",), sequences=(("searchResources",),))
 class FindPatient(Family):
-    id = "records.find_patient"
-    title = "Find an existing patient by name and date of birth"
-    category = "records"
-    difficulty = 1
-    writes = False
-    resource_types = ("Patient",)
-    sequences = (("searchResources",),)
+    """Find an existing patient by name and date of birth"""
+
     answer = AnswerSpec((Field("patient_id", "id", "the Patient resource id"),))
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -64,15 +59,10 @@ class FindPatient(Family):
 HYPERTENSION = ("59621000", "Essential hypertension (disorder)")
 
 
-@register
+@register("records.record_condition", difficulty=2, writes=True, touches=("Patient", "Condition"),
+          sequences=(("searchResources", "createResource"),))
 class RecordCondition(Family):
-    id = "records.record_condition"
-    title = "Record a diagnosis (SNOMED) as a Condition"
-    category = "records"
-    difficulty = 2
-    writes = True
-    resource_types = ("Patient", "Condition")
-    sequences = (("searchResources", "createResource"),)
+    """Record a diagnosis (SNOMED) as a Condition"""
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         p = pick(rng, living_patients(view))
@@ -129,17 +119,12 @@ def _person_params(p: dict) -> dict:
 
 # -- registering patients -------------------------------------------------------------------------------
 
-@register
+@register("records.create_patient", difficulty=1, writes=True, touches=("Patient",),
+          sequences=(("createResource",),))
 class CreatePatient(Family):
-    """Every demographic element the clerk states must land in the right Patient element."""
+    """Register a new patient with name, gender, birth date, phone and address
 
-    id = "records.create_patient"
-    title = "Register a new patient with name, gender, birth date, phone and address"
-    category = "records"
-    difficulty = 1
-    writes = True
-    resource_types = ("Patient",)
-    sequences = (("createResource",),)
+    Every demographic element the clerk states must land in the right Patient element."""
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         gender = rng.choice(("female", "male"))
@@ -188,18 +173,13 @@ class CreatePatient(Family):
         return f"Registered {name}."
 
 
-@register
+@register("records.patient_not_found", difficulty=2, touches=("Patient",), sequences=(("searchResources",),))
 class PatientNotFound(EitherWay):
-    """Near-misses: a registered patient's name with another birth date, or a registered birth date
+    """Find a patient by name and birth date, or report that nobody has both (namesakes, shared birth dates)
+
+    Near-misses: a registered patient's name with another birth date, or a registered birth date
     under another name; only name and birth date together identify a patient."""
 
-    id = "records.patient_not_found"
-    title = "Find a patient by name and birth date, or report that nobody has both (namesakes, shared birth dates)"
-    category = "records"
-    difficulty = 2
-    writes = False
-    resource_types = ("Patient",)
-    sequences = (("searchResources",),)
     answer = AnswerSpec(FindPatient.answer.fields, none_allowed=True)
     found = FindPatient
 
@@ -291,17 +271,13 @@ def _real(conds: list[tuple]) -> list[tuple]:
     return [c for c in conds if c[3] != "entered-in-error"]
 
 
-@register
+@register("records.condition_onset", difficulty=2, touches=("Patient", "Condition"),
+          sequences=(("searchResources", "searchResources"),))
 class PatientCondition(Family):
-    """One active diagnosis among a long chart; namesakes and entered-in-error records stand beside it."""
+    """When was the patient diagnosed with a given condition (onset date of an active diagnosis)
 
-    id = "records.condition_onset"
-    title = "When was the patient diagnosed with a given condition (onset date of an active diagnosis)"
-    category = "records"
-    difficulty = 2
-    writes = False
-    resource_types = ("Patient", "Condition")
-    sequences = (("searchResources", "searchResources"),)
+    One active diagnosis among a long chart; namesakes and entered-in-error records stand beside it."""
+
     answer = CONDITION_ANSWER
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -350,18 +326,14 @@ CHRONIC = (
 )
 
 
-@register
+@register("records.condition_not_recorded", difficulty=2, touches=("Patient", "Condition"),
+          sequences=(("searchResources", "searchResources"),))
 class NoCondition(EitherWay):
-    """Nothing to find: the asked diagnosis is absent — at most charted by mistake (entered-in-error) or
+    """Onset of a diagnosis, or report that the patient has no record of it (voided entries, namesakes)
+
+    Nothing to find: the asked diagnosis is absent — at most charted by mistake (entered-in-error) or
     on a namesake's record — and no related diagnosis is on file either."""
 
-    id = "records.condition_not_recorded"
-    title = "Onset of a diagnosis, or report that the patient has no record of it (voided entries, namesakes)"
-    category = "records"
-    difficulty = 2
-    writes = False
-    resource_types = ("Patient", "Condition")
-    sequences = (("searchResources", "searchResources"),)
     answer = AnswerSpec(CONDITION_ANSWER.fields, none_allowed=True)
     found = PatientCondition
 
@@ -448,15 +420,10 @@ def _onset_age(age: int) -> Check:
     return custom("condition", f"condition onset at age {age}", fn)
 
 
-@register
+@register("records.record_family_history", difficulty=2, writes=True,
+          touches=("Patient", "FamilyMemberHistory"), sequences=(("searchResources", "createResource"),))
 class RecordFamilyHistory(Family):
-    id = "records.record_family_history"
-    title = "Record a relative's diagnosis as a FamilyMemberHistory"
-    category = "records"
-    difficulty = 2
-    writes = True
-    resource_types = ("Patient", "FamilyMemberHistory")
-    sequences = (("searchResources", "createResource"),)
+    """Record a relative's diagnosis as a FamilyMemberHistory"""
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         p = pick(rng, living_patients(view))

@@ -285,17 +285,13 @@ def _schedules_at(tools: Toolbox, location_name: str, specialty: str) -> list[st
 
 # -- families ---------------------------------------------------------------------------------------------
 
-@register
+@register("scheduling.earliest_specialty_slot", difficulty=2, touches=("Slot",),
+          sequences=(("searchResources",),))
 class EarliestSpecialtySlot(Family):
-    """Several doctors share a specialty and often the same earliest time: any of them is right."""
+    """Earliest free routine slot of a specialty, across its doctors
 
-    id = "scheduling.earliest_specialty_slot"
-    title = "Earliest free routine slot of a specialty, across its doctors"
-    category = "scheduling"
-    difficulty = 2
-    writes = False
-    resource_types = ("Slot",)
-    sequences = (("searchResources",),)
+    Several doctors share a specialty and often the same earliest time: any of them is right."""
+
     answer = AnswerSpec((Field("start", "datetime", "the slot's start time"),
                          Field("doctor", "text", "the doctor's first and last name")))
 
@@ -328,17 +324,13 @@ class EarliestSpecialtySlot(Family):
         return answer_text({"start": slot["start"], "doctor": full_name(doc)})
 
 
-@register
+@register("scheduling.earliest_matching_doctor_slot", difficulty=3, touches=("Slot",),
+          sequences=(("searchResources",),))
 class EarliestMatchingDoctorSlot(Family):
-    """The doctor is described, not named: language, gender and city filters with near-miss distractors."""
+    """Earliest free slot of the doctor matching a specialty, language, gender and/or city
 
-    id = "scheduling.earliest_matching_doctor_slot"
-    title = "Earliest free slot of the doctor matching a specialty, language, gender and/or city"
-    category = "scheduling"
-    difficulty = 3
-    writes = False
-    resource_types = ("Slot",)
-    sequences = (("searchResources",),)
+    The doctor is described, not named: language, gender and city filters with near-miss distractors."""
+
     answer = SLOT_ANSWER
 
     @staticmethod
@@ -416,17 +408,13 @@ class EarliestMatchingDoctorSlot(Family):
         return answer_text({"slot_id": best["id"], "start": best["start"]})
 
 
-@register
+@register("scheduling.count_specialty_slots", difficulty=2, touches=("Slot",),
+          sequences=(("searchResources",),))
 class CountSpecialtySlots(Family):
-    """A count over several doctors and days: needs a server-side count or careful paging."""
+    """Count the free slots of a specialty between two dates
 
-    id = "scheduling.count_specialty_slots"
-    title = "Count the free slots of a specialty between two dates"
-    category = "scheduling"
-    difficulty = 2
-    writes = False
-    resource_types = ("Slot",)
-    sequences = (("searchResources",),)
+    A count over several doctors and days: needs a server-side count or careful paging."""
+
     answer = AnswerSpec((Field("count", "int", "the number of free slots"),))
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -467,17 +455,12 @@ class CountSpecialtySlots(Family):
         return answer_text({"count": _total(tools, "Slot", query)})
 
 
-@register
+@register("scheduling.first_doctor_slot", difficulty=2, touches=("Slot",), sequences=(("searchResources",),))
 class FirstDoctorSlot(Family):
-    """Same-name doctors exist: the prompt's specialty (or city) picks the right one."""
+    """First free routine slot of a named doctor
 
-    id = "scheduling.first_doctor_slot"
-    title = "First free routine slot of a named doctor"
-    category = "scheduling"
-    difficulty = 2
-    writes = False
-    resource_types = ("Slot",)
-    sequences = (("searchResources",),)
+    Same-name doctors exist: the prompt's specialty (or city) picks the right one."""
+
     answer = SLOT_ANSWER
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -501,17 +484,12 @@ class FirstDoctorSlot(Family):
         return answer_text({"slot_id": slot["id"], "start": slot["start"]})
 
 
-@register
+@register("scheduling.count_urgent_slots", difficulty=2, touches=("Slot",), sequences=(("searchResources",),))
 class CountUrgentSlots(Family):
-    """Urgent slots are marked by appointmentType EMERGENCY; the window starts now, not at midnight."""
+    """Count the free urgent-visit slots at a given time of day over the next days
 
-    id = "scheduling.count_urgent_slots"
-    title = "Count the free urgent-visit slots at a given time of day over the next days"
-    category = "scheduling"
-    difficulty = 2
-    writes = False
-    resource_types = ("Slot",)
-    sequences = (("searchResources",),)
+    Urgent slots are marked by appointmentType EMERGENCY; the window starts now, not at midnight."""
+
     answer = AnswerSpec((Field("count", "int", "the number of free urgent-visit slots"),))
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -554,17 +532,12 @@ class CountUrgentSlots(Family):
         return answer_text({"count": count})
 
 
-@register
+@register("scheduling.next_weekday_slots", difficulty=2, touches=("Slot",), sequences=(("searchResources",),))
 class NextWeekdaySlots(Family):
-    """"Next Tuesday" must be resolved from the clock; the clinic variant needs location → roles → schedules."""
+    """All free slots on next <weekday> of a doctor or a specialty (optionally at one clinic)
 
-    id = "scheduling.next_weekday_slots"
-    title = "All free slots on next <weekday> of a doctor or a specialty (optionally at one clinic)"
-    category = "scheduling"
-    difficulty = 2
-    writes = False
-    resource_types = ("Slot",)
-    sequences = (("searchResources",),)
+    "Next Tuesday" must be resolved from the clock; the clinic variant needs location → roles → schedules."""
+
     answer = AnswerSpec((Field("slot_ids", "ids", "the Slot resource ids"),))
 
     @staticmethod
@@ -622,17 +595,12 @@ class NextWeekdaySlots(Family):
         return answer_text({"slot_ids": [s["id"] for s in slots]})
 
 
-@register
+@register("scheduling.follow_up_slots", difficulty=2, touches=("Slot",), sequences=(("searchResources",),))
 class FollowUpSlots(Family):
-    """A fuzzy "in about N days" turned into a date window; a count and the first slot of it."""
+    """Free routine slots of a doctor in a follow-up window about N days ahead
 
-    id = "scheduling.follow_up_slots"
-    title = "Free routine slots of a doctor in a follow-up window about N days ahead"
-    category = "scheduling"
-    difficulty = 2
-    writes = False
-    resource_types = ("Slot",)
-    sequences = (("searchResources",),)
+    A fuzzy "in about N days" turned into a date window; a count and the first slot of it."""
+
     answer = AnswerSpec((Field("count", "int", "how many free routine slots the doctor has in the window"),
                          Field("first_slot_id", "id", "the Slot resource id of the earliest of them")))
 
@@ -671,17 +639,13 @@ class FollowUpSlots(Family):
         return answer_text({"count": count, "first_slot_id": first["id"]})
 
 
-@register
+@register("scheduling.weekday_morning_slots", difficulty=2, touches=("Slot",),
+          sequences=(("searchResources",),))
 class WeekdayMorningSlots(Family):
-    """Three filters at once: a weekday, a time-of-day cut-off and a horizon of N days."""
+    """A doctor's free routine <weekday> morning slots before an hour, within N days
 
-    id = "scheduling.weekday_morning_slots"
-    title = "A doctor's free routine <weekday> morning slots before an hour, within N days"
-    category = "scheduling"
-    difficulty = 2
-    writes = False
-    resource_types = ("Slot",)
-    sequences = (("searchResources",),)
+    Three filters at once: a weekday, a time-of-day cut-off and a horizon of N days."""
+
     answer = AnswerSpec((Field("slot_ids", "ids", "the Slot resource ids"),))
 
     @staticmethod
@@ -779,17 +743,13 @@ def _booking_answer(tools: Toolbox, query: dict) -> str:
 BOOKING_ANSWER = AnswerSpec((Field("patient_id", "id", "the Patient resource id"),), none_allowed=True)
 
 
-@register
+@register("scheduling.who_booked_doctor_slot", difficulty=2, touches=("Appointment",),
+          sequences=(("searchResources",),))
 class WhoBookedDoctorSlot(Family):
-    """Cancelled bookings keep their slot reference and an entered-in-error duplicate exists: status matters."""
+    """Which patient holds a named doctor's appointment at a given time
 
-    id = "scheduling.who_booked_doctor_slot"
-    title = "Which patient holds a named doctor's appointment at a given time"
-    category = "scheduling"
-    difficulty = 2
-    writes = False
-    resource_types = ("Appointment",)
-    sequences = (("searchResources",),)
+    Cancelled bookings keep their slot reference and an entered-in-error duplicate exists: status matters."""
+
     answer = BOOKING_ANSWER
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
@@ -822,17 +782,13 @@ class WhoBookedDoctorSlot(Family):
         return _booking_answer(tools, {"practitioner": f"Practitioner/{pid}", "date": params["start"]})
 
 
-@register
+@register("scheduling.who_booked_clinic_slot", difficulty=2, touches=("Appointment",),
+          sequences=(("searchResources",),))
 class WhoBookedClinicSlot(Family):
-    """No doctor is named: the clinic (a Location) and the specialty narrow the appointments at that time."""
+    """Which patient holds a specialty's appointment at a clinic at a given time
 
-    id = "scheduling.who_booked_clinic_slot"
-    title = "Which patient holds a specialty's appointment at a clinic at a given time"
-    category = "scheduling"
-    difficulty = 2
-    writes = False
-    resource_types = ("Appointment",)
-    sequences = (("searchResources",),)
+    No doctor is named: the clinic (a Location) and the specialty narrow the appointments at that time."""
+
     answer = BOOKING_ANSWER
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
