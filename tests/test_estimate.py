@@ -119,7 +119,7 @@ def test_the_dry_run_arithmetic_on_a_hand_made_plan(tmp_path):
     memory = cells[("openai/m", "memory")]
     assert (memory["calls"], memory["prompt_tokens"], memory["minutes"]) == (32, 16000, 1.0)
     local = cells[("local/qwen2.5-coder-0.5b", "baseline")]  # one llama.cpp model: parallel 1, whatever the plan says
-    assert local["minutes"] == round(8 * 17.9 / 60, 1) and local["unpriced"] == ["local/qwen2.5-coder-0.5b"]
+    assert local["minutes"] == round(8 * 7.5 / 60, 1) and local["unpriced"] == ["local/qwen2.5-coder-0.5b"]
     [mem] = [m for m in est["memories"] if m["model"] == "openai/m"]  # 2 families x seed 0 x 2 trials = 4 runs
     assert mem["runs"] == 4 and mem["calls"] == 4 * (2 + 1 + 1)
     assert (mem["prompt_tokens"], mem["completion_tokens"]) == (4 * 1200, 4 * 120)
@@ -134,14 +134,14 @@ def test_the_dry_run_arithmetic_on_a_hand_made_plan(tmp_path):
     assert est["assumptions"]["holm_comparisons"] == 1 and est["assumptions"]["base_rate"] == 0.2
     text = render_estimate(est)
     assert "0.02 EUR" in text and "+ unpriced (local/qwen2.5-coder-0.5b)" in text and "made up for a test" in text
-    assert "hand: episode" in text and "docs/MEMORY.md, plans/small.toml" in text  # every figure says where from
+    assert "hand: episode" in text and "plans/cpu.toml run 2026-12-04" in text  # every figure says where from
 
 
 def test_a_model_nobody_measured_gets_stated_figures_and_an_adapter_its_base(tmp_path):
     table = FigureTable()
     assert table.episode("openai/unknown", "memory").source.startswith("stated default")
     bc = table.episode("local/qwen2.5-coder-0.5b+bc.gguf", "memory")
-    assert bc.seconds == 17.9 and "the base model's; adapter bc.gguf not measured" in bc.source
+    assert bc.seconds == 7.8 and "the base model's; adapter bc.gguf not measured" in bc.source
     assert "[baseline's figures: specs not measured]" in table.episode("local/qwen2.5-coder-1.5b", "specs").source
 
 

@@ -113,10 +113,10 @@ def test_screening_drops_what_is_no_lesson_and_says_why():
 def test_screening_drops_the_task_request_restated_and_one_tip_written_for_several_pairs():
     request = ("Record a blood pressure of 128/82 mmHg for Ana Diaz (born May 2, 1961), taken just now. Chart it "
                "as a vital-signs Observation with status final, LOINC 85354-9 (blood pressure panel).")
-    same = "The agent should read the resource to find the correct patient's ID and name."
+    same = "The agent should read the {} resource to find the correct patient's ID and name."
     lessons = _check_lessons({"macro": "Record a blood pressure of <VALUE> mmHg for <VALUE> (born <DATE>), taken "
                                        "just now, as a vital-signs Observation with status final.",
-                              "micro": [{"resource_type": t, "operation": "read", "tip": same}
+                              "micro": [{"resource_type": t, "operation": "read", "tip": same.format(t)}
                                         for t in ("Account", "ActivityDefinition")]
                               + [{"resource_type": "Observation", "operation": "create",
                                   "tip": "Put systolic and diastolic in two components, each with its own LOINC code."}]})

@@ -54,6 +54,8 @@ def _split(total: float, share: float = 0.05) -> tuple[float, float]:
 _SMALL = ("docs/MEMORY.md, plans/small.toml run 2026-12-02 at b3b3aba (4 one-patient families, prompt-mode memory, "
           "quiet 2 cores): tokens/episode of the config; 17.9 s/episode = (37 min 17 s - 16.4 min of training) / "
           "70 episodes; 2.0 turns (docs/LOCAL-AGENT.md); prompt/completion split assumed 95/5 (not measured)")
+_CPU = ("docs/notes/2026-12-04-memory-cpu-plan.md, plans/cpu.toml run 2026-12-04 at 6a7bd48 (8 families, "
+        "prompt-mode memory, quiet 2 cores): 144 episodes per config, 12 reflected training runs")
 _SMOKE = ("docs/notes/2026-12-03-structured-reflection-smoke.md: one schema-constrained call on the 0.5B "
           "(load average 1-1.8)")
 _ONE5 = ("docs/LOCAL-AGENT.md, 2026-12-02: 48.8 s/episode (65 families, 3,172 s), 2.0 turns; 3,682 tokens/episode "
@@ -66,11 +68,12 @@ _PAPER = ("the paper's GPT-4.1-mini tokens per run (the FHIR-AgentEval paper's o
 #: ``evaluator``, ``reflector``, ``reflector+specs`` (per reflected run).
 MEASURED: dict[tuple[str, str], Figures] = {
     **{("local/qwen2.5-coder-0.5b", config): Figures(2.0, *_split(tokens), 17.9, _SMALL)
-       for config, tokens in (("baseline", 3440), ("specs", 4634), ("memory", 3431), ("memory-specs", 3503),
-                              ("memory-specs+specs", 4697))},
-    ("local/qwen2.5-coder-0.5b", "train"): Figures(2.0, *_split(3431), 17.9, _SMALL + " (the memory config's figures)"),
-    ("local/qwen2.5-coder-0.5b", "evaluator"): Figures(1, 504, 168, 16.6, _SMOKE),
-    ("local/qwen2.5-coder-0.5b", "reflector"): Figures(1, 724, 247, 45.0, _SMOKE),
+       for config, tokens in (("specs", 4634), ("memory-specs", 3503), ("memory-specs+specs", 4697))},
+    ("local/qwen2.5-coder-0.5b", "baseline"): Figures(2.0, 3342, 52, 7.5, _CPU),
+    ("local/qwen2.5-coder-0.5b", "memory"): Figures(2.0, 3540, 53, 7.8, _CPU),
+    ("local/qwen2.5-coder-0.5b", "train"): Figures(2.0, 3379, 49, 14.0, _CPU),
+    ("local/qwen2.5-coder-0.5b", "evaluator"): Figures(1, 658, 151, 9.8, _CPU),
+    ("local/qwen2.5-coder-0.5b", "reflector"): Figures(1, 862, 246, 15.7, _CPU),
     ("local/qwen2.5-coder-1.5b", "baseline"): Figures(2.0, 3682 - 190, 190, 48.8, _ONE5),
     ("local/qwen2.5-coder-1.5b", "train"): Figures(2.0, 3682 - 190, 190, 48.8, _ONE5 + " (the baseline's)"),
     ("local/qwen2.5-coder-1.5b", "evaluator"): Figures(

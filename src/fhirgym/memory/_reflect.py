@@ -238,17 +238,22 @@ def lesson_problem(text: str, prompt: tuple[tuple[tuple[str, frozenset[str]], ..
     return None
 
 
+def _gist(tip: dict) -> str:
+    """A tip's text without its own resource type's name: one text written for several types is one gist."""
+    return " ".join(tip["tip"].replace(tip["resource_type"], "").split()).lower()
+
+
 def screen_lessons(lessons: dict, with_specs: bool, request: str | None = None) -> list[dict]:
     """Drop from ``lessons`` (in place) what is no lesson; return the dropped ones with their reasons. A lesson
     must not restate the prompts nor the run's task ``request`` either; a tip beyond the third, keyed by
-    something that is not an R4 resource type, or written word for word for several (type, operation)
-    pairs (so about none of them) is dropped too."""
+    something that is not an R4 resource type, or written for several (type, operation) pairs alike (the
+    same words but the type's name: about none of them) is dropped too."""
     prompt = prompt_passages("evaluator", "reflector", *(("reflector_specs",) if with_specs else ()))
     if request:
         task = text_passages(request)
         prompt = (prompt[0] + task[0], prompt[1] | task[1])
     rejected = []
-    copies = Counter(" ".join(tip["tip"].split()) for tip in lessons["micro"][:MAX_TIPS])
+    copies = Counter(_gist(tip) for tip in lessons["micro"][:MAX_TIPS])
     problem = lesson_problem(lessons["macro"], prompt)
     if problem:
         rejected.append({"kind": "macro", "text": lessons["macro"], "reason": problem})
@@ -256,7 +261,7 @@ def screen_lessons(lessons: dict, with_specs: bool, request: str | None = None) 
     types = set(load_spec().resource_types)
     kept = []
     for i, tip in enumerate(lessons["micro"]):
-        same = copies[" ".join(tip["tip"].split())]
+        same = copies[_gist(tip)]
         problem = (f"beyond the {MAX_TIPS} tips asked for" if i >= MAX_TIPS else
                    f"not an R4 resource type: {tip['resource_type']!r}" if tip["resource_type"] not in types else
                    f"the same tip for {same} pairs: about none of them" if same > 1 else
