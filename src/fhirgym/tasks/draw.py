@@ -128,6 +128,11 @@ def pronoun(gender: str | None) -> str:
     return {"female": "her", "male": "his"}.get(gender or "", "their")
 
 
+def who(name: str, birth: date | str) -> str:
+    """'Ana Diaz (born March 4, 1961)': how a request names a patient (name and birth date tell them apart)."""
+    return f"{name} (born {human_date(birth)})"
+
+
 def human_date(d: date | str) -> str:
     """'March 4, 1961' — how people write dates in requests."""
     d = date.fromisoformat(d) if isinstance(d, str) else d

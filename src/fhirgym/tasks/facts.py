@@ -12,6 +12,7 @@ from datetime import UTC, date, datetime
 from typing import NamedTuple
 
 from ..spec.codes import LOINC
+from ._answer import parse_instant
 from ._family import View
 from .checks import ref_id, ref_key
 
@@ -138,8 +139,12 @@ def active_schedules(view: View) -> list[dict]:
     return view.cached("facts.schedules", lambda: view.search("Schedule", {"active": "true", "_count": "1000"}))
 
 
-def _instant(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+def instant(text: str) -> datetime:
+    """A FHIR instant or dateTime of the world as an aware UTC datetime: the one parser of them the families use."""
+    moment = parse_instant(text)
+    if moment is None:
+        raise ValueError(f"not a FHIR instant: {text!r}")
+    return moment
 
 
 def _urgent(resource: dict) -> bool:
@@ -160,7 +165,7 @@ class Slot:
     @property
     def at(self) -> datetime:
         """``start`` as an aware UTC datetime."""
-        return _instant(self.start)
+        return instant(self.start)
 
 
 @dataclass(frozen=True)
@@ -178,7 +183,7 @@ class Appointment:
 
     @property
     def at(self) -> datetime | None:
-        return _instant(self.start) if self.start else None
+        return instant(self.start) if self.start else None
 
     def actor(self, rtype: str) -> str | None:
         """The first participant of this type."""

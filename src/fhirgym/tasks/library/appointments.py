@@ -22,7 +22,7 @@ from ...spec.codes import APPOINTMENT_TYPE, CANCELLATION_REASON, PARTICIPATION_T
 from ...tools import Toolbox
 from .. import Expect, Family, Gold, View, register
 from ..checks import Check, absent, at, coded, custom, eq, may_set, on_day, ref, ref_id, ref_key, refs_exactly
-from ..draw import deal, human_date
+from ..draw import deal, human_date, who
 from ..facts import (
     Appointment,
     Slot,
@@ -30,6 +30,7 @@ from ..facts import (
     appointments,
     full_name,
     identifiable_patients,
+    instant,
     official_name,
     practitioners,
     slots,
@@ -74,10 +75,6 @@ class _World:
 
 def _z(dt: datetime) -> str:
     return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _dt(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def _id(reference: object, rtype: str) -> str | None:
@@ -202,12 +199,8 @@ def _doctor_params(d: dict) -> dict:
             "doc_hint": d["hint"], "doc_schedule": d["schedule"]}
 
 
-def _who(params: dict) -> str:
-    return f"{params['name']} (born {human_date(params['birth'])})"
-
-
 def _when(start: str) -> str:
-    t = _dt(start)
+    t = instant(start)
     return f"{t.strftime('%A')}, {human_date(t.date())} at {t.strftime('%H:%M')}"
 
 
@@ -367,7 +360,7 @@ def _first_free(tools: Toolbox, schedule: str, at_or_after: str, before: str | N
 
 
 def _slot_at(tools: Toolbox, schedule: str, start: str) -> dict:
-    end = _z(_dt(start) + timedelta(minutes=1))
+    end = _z(instant(start) + timedelta(minutes=1))
     found = search(tools, "Slot", {"schedule": f"Schedule/{schedule}", "status": "free",
                                     "start": [f"ge{start}", f"lt{end}"]})
     return read(tools, "Slot", found[0]["id"])
@@ -433,7 +426,7 @@ class BookFirstFreeSlot(Family):
         return {**_patient_params(p), **_doctor_params(doc), "from": _z(stated), "slot_id": slot.id}
 
     def prompt(self, params: dict) -> str:
-        return (f"Please book {_who(params)} with {params['doc']} in the first free slot at or after "
+        return (f"Please book {who(params['name'], params['birth'])} with {params['doc']} in the first free slot at or after "
                 f"{_when(params['from'])}. Use a regular slot, not one reserved for urgent visits. "
                 f"{BOOKED_SHAPE}")
 
@@ -483,7 +476,7 @@ class BookStatedSlot(Family):
         return {**_patient_params(p), **_doctor_params(doc), "at": slot.start, "slot_id": slot.id}
 
     def prompt(self, params: dict) -> str:
-        return f"Please book {_who(params)} with {params['doc']} on {_when(params['at'])}. {BOOKED_SHAPE}"
+        return f"Please book {who(params['name'], params['birth'])} with {params['doc']} on {_when(params['at'])}. {BOOKED_SHAPE}"
 
     def gold(self, view: View, params: dict) -> Gold:
         w = _world(view)
@@ -536,7 +529,7 @@ class CancelNearestAppointment(Family):
         return {**_patient_params(p), "reason": list(rng.choice(PATIENT_REASONS))}
 
     def prompt(self, params: dict) -> str:
-        return (f"{_who(params)} asked us to cancel the next appointment they have coming up with us. Please "
+        return (f"{who(params['name'], params['birth'])} asked us to cancel the next appointment they have coming up with us. Please "
                 f"cancel that appointment: {FREE_SHAPE}. {_reason_phrase(params['reason'])}")
 
     def gold(self, view: View, params: dict) -> Gold:
@@ -577,7 +570,7 @@ class CancelWithProvider(Family):
                 "appointment_id": a.id, "reason": list(rng.choice(PATIENT_REASONS))}
 
     def prompt(self, params: dict) -> str:
-        return (f"Please cancel the upcoming appointment of {_who(params)} with {params['doc']}: "
+        return (f"Please cancel the upcoming appointment of {who(params['name'], params['birth'])} with {params['doc']}: "
                 f"{FREE_SHAPE}. Their other appointments stay as they are. "
                 f"{_reason_phrase(params['reason'])}")
 
@@ -620,7 +613,7 @@ class CancelMondayAppointment(Family):
         return _patient_params(w.patients[pid]) if pid and fits(pid, view.now) else None
 
     def prompt(self, params: dict) -> str:
-        return (f"{_who(params)} can no longer come on Mondays. Please cancel their upcoming appointment "
+        return (f"{who(params['name'], params['birth'])} can no longer come on Mondays. Please cancel their upcoming appointment "
                 f"that falls on a Monday: {FREE_SHAPE}. Leave their other appointments alone.")
 
     def gold(self, view: View, params: dict) -> Gold:
@@ -638,7 +631,7 @@ class CancelMondayAppointment(Family):
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         patient = _find_patient(tools, params)
         appt = next(a for a in _patient_appointments(tools, patient, "booked", now)
-                    if _dt(a["start"]).weekday() == 0)
+                    if instant(a["start"]).weekday() == 0)
         _cancel(tools, appt["id"], None)
         return f"Cancelled the Monday appointment of {appt['start']} and freed its slot."
 
@@ -688,11 +681,11 @@ class AddToWaitlist(Family):
                   f"{params['start']} to {params['end']}, ")
         tail = "No slot has been chosen yet, so give it no slot, start or end."
         if "specialty" in params:
-            return (f"Please put {_who(params)} on the waitlist for a {params['specialty']} appointment "
+            return (f"Please put {who(params['name'], params['birth'])} on the waitlist for a {params['specialty']} appointment "
                     f"with whichever of our {params['specialty']} doctors frees up first; {period}the "
                     f"specialty SNOMED CT {params['specialty_code']} ({params['specialty']}), and the "
                     f"patient as the only participant (no doctor yet). {tail}")
-        return (f"Please put {_who(params)} on the waitlist for {params['doc']}; {period}and the patient and "
+        return (f"Please put {who(params['name'], params['birth'])} on the waitlist for {params['doc']}; {period}and the patient and "
                 f"the doctor as participants. {tail}")
 
     def gold(self, view: View, params: dict) -> Gold:
@@ -732,7 +725,7 @@ def _window_slot(w: _World, a: Appointment, now: datetime) -> Slot | None:
     first, last = a.requested
     taken = w.holding_days[a.patient]
     for s in _free(w, w.doctors[a.practitioner]["schedule"], max(_z(now), first + "T00:00:00Z")):
-        if s.start[:10] >= last or _dt(s.start) - now < SOON:
+        if s.start[:10] >= last or instant(s.start) - now < SOON:
             return None
         if s.start[:10] not in taken:
             return s
@@ -759,7 +752,7 @@ class WaitlistToSlot(Family):
                 "appointment_id": a.id}
 
     def prompt(self, params: dict) -> str:
-        return (f"{_who(params)} is on the waitlist for {params['doc']}. Please book them into the "
+        return (f"{who(params['name'], params['birth'])} is on the waitlist for {params['doc']}. Please book them into the "
                 "doctor's earliest free slot that lies within the period they asked for, is still ahead of "
                 "us and falls on a day when they have no other booked appointment (a regular slot, not one "
                 "reserved for urgent visits). Turn the waitlist appointment itself into the booking: status "
@@ -813,7 +806,7 @@ class RemoveFromWaitlist(Family):
                 "appointment_id": a.id}
 
     def prompt(self, params: dict) -> str:
-        return (f"{_who(params)} no longer needs to be on the waitlist for {params['doc']}. Please take "
+        return (f"{who(params['name'], params['birth'])} no longer needs to be on the waitlist for {params['doc']}. Please take "
                 "them off it by setting that waitlist appointment's status to cancelled (do not delete it, "
                 "and leave the rest of it as it is).")
 
@@ -884,7 +877,7 @@ class RescheduleNextMonday(Family):
     @staticmethod
     def _target(w: _World, schedule: str, start: str, now: datetime) -> Slot | None:
         monday, _ = _next_monday(now)
-        moment = _z(datetime.combine(monday, _dt(start).time(), tzinfo=UTC))
+        moment = _z(datetime.combine(monday, instant(start).time(), tzinfo=UTC))
         return next((s for s in w.at.get(moment, []) if s.schedule == schedule), None)
 
     def _fits(self, w: _World, schedule: str, start: str, patient: str, now: datetime) -> bool:
@@ -933,7 +926,7 @@ class RescheduleNextMonday(Family):
 
     def prompt(self, params: dict) -> str:
         day = date.fromisoformat(params["day"])
-        return (f"{_who(params)} wants to move their appointment with {params['doc']} on "
+        return (f"{who(params['name'], params['birth'])} wants to move their appointment with {params['doc']} on "
                 f"{day.strftime('%A')}, {human_date(day)} to {params['monday_phrase']}, same doctor, same "
                 "time of day. Please update the existing appointment (do not create a new one): point it at "
                 "the new slot and set its start and end to the new slot's, leaving the rest as it is. Set "
@@ -960,7 +953,7 @@ class RescheduleNextMonday(Family):
                      if a["start"][:10] == params["day"])
         appt = read(tools, "Appointment", entry["id"])
         monday, _ = _next_monday(now)
-        new = _slot_at(tools, sched, _z(datetime.combine(monday, _dt(appt["start"]).time(), tzinfo=UTC)))
+        new = _slot_at(tools, sched, _z(datetime.combine(monday, instant(appt["start"]).time(), tzinfo=UTC)))
         old_id = _id(appt["slot"][0], "Slot") or ""
         appt.update(slot=[{"reference": f"Slot/{new['id']}"}], start=new["start"], end=new["end"])
         update(tools, appt)
@@ -1011,7 +1004,7 @@ class RescheduleOtherProvider(Family):
         return _stage_booking(view, params)
 
     def prompt(self, params: dict) -> str:
-        return (f"{params['doc']} cannot see {_who(params)} on {_when(params['at'])} after all. Please "
+        return (f"{params['doc']} cannot see {who(params['name'], params['birth'])} on {_when(params['at'])} after all. Please "
                 f"move the appointment to the other {params['specialty']} doctor who has a free slot at "
                 "exactly that time. Update the existing appointment (do not create a new one): point it at "
                 f"the new doctor's slot and replace {params['doc']} with the new doctor as the practitioner "
@@ -1036,7 +1029,7 @@ class RescheduleOtherProvider(Family):
                      if a["start"] == params["at"])
         appt = read(tools, "Appointment", entry["id"])
         old_id = _id(appt["slot"][0], "Slot") or ""
-        end = _z(_dt(params["at"]) + timedelta(minutes=1))
+        end = _z(instant(params["at"]) + timedelta(minutes=1))
         candidates = search(tools, "Slot", {"specialty": appt["specialty"][0]["coding"][0]["code"],
                                              "status": "free", "start": [f"ge{params['at']}", f"lt{end}"]})
         new = read(tools, "Slot", next(s["id"] for s in candidates

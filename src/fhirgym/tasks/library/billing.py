@@ -17,7 +17,7 @@ from ...tools import Toolbox
 from ...world import EMPLOYERS, INSURERS
 from .. import NOT_FOUND, AnswerSpec, Expect, Family, Field, Gold, View, answer_text, register
 from ..checks import Check, coded, custom, eq, on_day, phone_check, ref, ref_id, ref_key, refs_exactly
-from ..draw import EitherWay, deal, human_date, new_name, new_phone, pick, pronoun, random_birth
+from ..draw import EitherWay, deal, human_date, new_name, new_phone, pick, pronoun, random_birth, who
 from ..facts import (
     accounts,
     all_patients,
@@ -68,10 +68,6 @@ def _age(birth: str, on: date) -> int:
 
 def _insurer_ids(view: View, name: str) -> list[str]:
     return sorted(oid for oid, org in organizations(view).items() if org.get("name") == name)
-
-
-def _patient_key(params: dict) -> str:
-    return f"{params['name']} (born {human_date(params['birth_date'])})"
 
 
 def _rp_name(rp: dict) -> str:
@@ -147,7 +143,7 @@ class AddCoverage(Family):
     def prompt(self, params: dict) -> str:
         word = "spouse" if params["rel_code"] == "SPS" else RELATION[params["rel_code"]][0]
         rp = f"{params['rp_given']} {params['rp_family']}"
-        return (f"{_patient_key(params)} is now insured as a dependant on {pronoun(params['gender'])} {word}'s "
+        return (f"{who(params['name'], params['birth_date'])} is now insured as a dependant on {pronoun(params['gender'])} {word}'s "
                 f"employer plan with {params['insurer']}. The {word}, {rp}, is not on file yet: first add "
                 f"{rp} as a related person of {params['name']} (relationship {word}, HL7 v3 RoleCode "
                 f"{params['rel_code']}; {params['rp_gender']}; born {human_date(params['rp_birth'])}). Then record "
@@ -224,7 +220,7 @@ COVERAGE_ANSWER = AnswerSpec((
 
 
 def _coverage_prompt(params: dict) -> str:
-    return (f"Which insurance company is {_patient_key(params)} currently covered by (the primary coverage), "
+    return (f"Which insurance company is {who(params['name'], params['birth_date'])} currently covered by (the primary coverage), "
             "and what is the member ID on it?")
 
 
@@ -374,7 +370,7 @@ class CreateRelatedPerson(Family):
     def prompt(self, params: dict) -> str:
         word = RELATION[params["rel_code"]][0]
         return (f"Please add {params['rp_given']} {params['rp_family']} as a related person on the record of "
-                f"{_patient_key(params)}: {pronoun(params['gender'])} {word} (HL7 v3 RoleCode {params['rel_code']}), "
+                f"{who(params['name'], params['birth_date'])}: {pronoun(params['gender'])} {word} (HL7 v3 RoleCode {params['rel_code']}), "
                 f"{params['rp_gender']}, born {human_date(params['rp_birth'])}, phone {params['phone']}.")
 
     def gold(self, view: View, params: dict) -> Gold:
@@ -411,7 +407,7 @@ def _account_name(params: dict) -> str:
 
 
 def _account_request(params: dict) -> str:
-    return (f"Please open a billing account for {_patient_key(params)}: name it \"{_account_name(params)}\", "
+    return (f"Please open a billing account for {who(params['name'], params['birth_date'])}: name it \"{_account_name(params)}\", "
             "status active, type patient billing account (v3-ActCode PBILLACCT), service period starting today")
 
 
@@ -580,7 +576,7 @@ class SetGuarantor(Family):
         return [rp]
 
     def prompt(self, params: dict) -> str:
-        return (f"{params['rp_name']}, the {params['relation']} of {_patient_key(params)}, will be responsible "
+        return (f"{params['rp_name']}, the {params['relation']} of {who(params['name'], params['birth_date'])}, will be responsible "
                 f"for {params['name']}'s bills. Please record {params['rp_name']} as the guarantor on "
                 f"{params['name']}'s existing billing account.")
 
@@ -613,7 +609,7 @@ GUARANTOR_ANSWER = AnswerSpec((Field("guarantor", "text", "the full name of the 
 
 
 def _guarantor_prompt(params: dict) -> str:
-    return f"Who is the guarantor on the billing account of {_patient_key(params)}?"
+    return f"Who is the guarantor on the billing account of {who(params['name'], params['birth_date'])}?"
 
 
 def _solve_guarantor(tools: Toolbox, params: dict) -> str:

@@ -44,7 +44,7 @@ from ..checks import (
     ref_id,
     unit_is,
 )
-from ..draw import Branched, deal, deal_by_gold, deal_positive, human_date, negative_seed, pick
+from ..draw import Branched, deal, deal_by_gold, deal_positive, human_date, negative_seed, pick, who
 from ..facts import moment, official_name, patients, results
 from ..solve import create, search_all
 
@@ -212,7 +212,7 @@ def _patient_params(person: dict, rng: random.Random, by_mrn: bool | None = None
 def _who(params: dict) -> str:
     if params["by_mrn"]:
         return f"the patient with MRN {params['mrn']}"
-    return f"{params['given']} {params['family']} (born {human_date(params['birth'])})"
+    return who(f"{params['given']} {params['family']}", params["birth"])
 
 
 

@@ -20,7 +20,7 @@ from ...tools import Toolbox
 from ...world import INDICATIONS, SURGERIES
 from .. import NOT_FOUND, AnswerSpec, Expect, Family, Field, Gold, View, answer_text, parse_instant, register
 from ..checks import Check, coded, custom, eq, on_day, ref, ref_id, ref_key, refs_exactly, values
-from ..draw import EitherWay, human_date, pick
+from ..draw import EitherWay, human_date, pick, who
 from ..facts import (
     family_histories,
     full_name,
@@ -153,10 +153,6 @@ def _order_phrase(params: dict) -> str:
     return f"the \"{params['test']}\" order{doctor}"
 
 
-def _who(params: dict) -> str:
-    return f"{params['name']} (born {human_date(params['birth_date'])})"
-
-
 # ------------------------------------------------------------------------------------------------
 # reference-solution helpers (tools only, from what the prompt says)
 # ------------------------------------------------------------------------------------------------
@@ -216,10 +212,10 @@ class RecordSurgeryPlan(Family):
         what = f"{PROCEDURE_PHRASE[params['code']]} (SNOMED CT {params['code']})"
         day = human_date(params["day"])
         if params["doctor"]:
-            return (f"Dr. {params['doctor']} has requested {what} for {_who(params)}, planned for {day}. Please "
+            return (f"Dr. {params['doctor']} has requested {what} for {who(params['name'], params['birth_date'])}, planned for {day}. Please "
                     f"record the surgery plan as a ServiceRequest with status active and intent plan, {day} as the "
                     f"occurrence date, and Dr. {params['doctor']} as the requester.")
-        return (f"Please record a surgery plan for {_who(params)}: {what} on {day}. Record it as a ServiceRequest "
+        return (f"Please record a surgery plan for {who(params['name'], params['birth_date'])}: {what} on {day}. Record it as a ServiceRequest "
                 "with status active and intent plan, with that day as the occurrence date.")
 
     def gold(self, view: View, params: dict) -> Gold:
@@ -291,7 +287,7 @@ class _PlanQuestion(Family):
     answer = PLAN_ANSWER
 
     def prompt(self, params: dict) -> str:
-        return (f"Does {_who(params)} have a surgery planned within the next 14 days? If so, which procedure "
+        return (f"Does {who(params['name'], params['birth_date'])} have a surgery planned within the next 14 days? If so, which procedure "
                 "and on what date?")
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
@@ -412,7 +408,7 @@ class OrderGenomeSequencing(Family):
     def prompt(self, params: dict) -> str:
         lab = f", to be performed by {params['lab']}" if params["lab"] else ""
         return (f"Please place an order for whole genome sequencing (LOINC {WGS[0]}, whole genome sequence "
-                f"analysis) for {_who(params)}. Record it as a ServiceRequest with status active and intent order, "
+                f"analysis) for {who(params['name'], params['birth_date'])}. Record it as a ServiceRequest with status active and intent order, "
                 f"requested by our clinical geneticist Dr. {params['doctor']}{lab}.")
 
     def gold(self, view: View, params: dict) -> Gold:
@@ -491,7 +487,7 @@ class AttachGeneticReports(Family):
         return params
 
     def prompt(self, params: dict) -> str:
-        return (f"{_who(params)} has {_order_phrase(params)}. Outside genetic test results have been filed to the "
+        return (f"{who(params['name'], params['birth_date'])} has {_order_phrase(params)}. Outside genetic test results have been filed to the "
                 "chart as well. Please attach all of the patient's genetic analysis reports (LOINC "
                 f"{GENETIC_REPORT[0]}), including the outside ones, to that order as supporting information, "
                 "keeping whatever is already listed there. Do not attach any other kind of report.")
@@ -534,7 +530,7 @@ class AttachRelevantReport(Family):
         return params
 
     def prompt(self, params: dict) -> str:
-        return (f"The lab has reported on {_order_phrase(params)} for {_who(params)}. Please attach the genetic "
+        return (f"The lab has reported on {_order_phrase(params)} for {who(params['name'], params['birth_date'])}. Please attach the genetic "
                 "analysis report of that test to the order as supporting information, keeping whatever is already "
                 "listed there. The patient has other reports on file (imaging and others); attach only the "
                 "report of this genetic test.")
@@ -599,7 +595,7 @@ class AddFamilyHistory(Family):
         return params
 
     def prompt(self, params: dict) -> str:
-        return (f"At today's genetic counseling visit, {_who(params)} reported that the patient's "
+        return (f"At today's genetic counseling visit, {who(params['name'], params['birth_date'])} reported that the patient's "
                 f"{params['rel_display']} was diagnosed with {params['cond_display'].lower()} (SNOMED CT "
                 f"{params['cond_code']}) at age {params['age']}. Please record this as a family member history "
                 f"(status completed; relationship {params['rel_display']}, code {params['rel_code']} of {ROLE_CODE}; "

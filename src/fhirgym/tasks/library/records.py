@@ -16,7 +16,18 @@ from ...spec.codes import (
 from ...tools import Toolbox
 from .. import NOT_FOUND, AnswerSpec, Expect, Family, Field, Gold, View, answer_text, register
 from ..checks import Check, coded, custom, eq, on_day, one_of, phone_check, ref
-from ..draw import STREETS, TOWNS, EitherWay, human_date, new_name, new_phone, pick, pronoun, random_birth
+from ..draw import (
+    STREETS,
+    TOWNS,
+    EitherWay,
+    human_date,
+    new_name,
+    new_phone,
+    pick,
+    pronoun,
+    random_birth,
+    who,
+)
 from ..facts import (
     all_patients,
     full_name,
@@ -70,7 +81,7 @@ class RecordCondition(Family):
                 "code": HYPERTENSION[0], "display": HYPERTENSION[1]}
 
     def prompt(self, params: dict) -> str:
-        return (f"Please record that {params['name']} (born {human_date(params['birth_date'])}) was diagnosed today "
+        return (f"Please record that {who(params['name'], params['birth_date'])} was diagnosed today "
                 f"with essential hypertension (SNOMED CT {params['code']}). Record it as an active, confirmed "
                 "condition with today's date as the onset.")
 
@@ -250,7 +261,7 @@ CONDITION_ANSWER = AnswerSpec((Field("onset_date", "date", "the onset date recor
 
 
 def _condition_prompt(params: dict) -> str:
-    return (f"When was {params['name']} (born {human_date(params['birth_date'])}) diagnosed with "
+    return (f"When was {who(params['name'], params['birth_date'])} diagnosed with "
             f"{params['condition']} (SNOMED CT {params['code']})? I need the onset date on "
             f"{pronoun(params.get('gender'))} record.")
 
@@ -436,7 +447,7 @@ class RecordFamilyHistory(Family):
                 "display": display, "said": said, "age": age}
 
     def prompt(self, params: dict) -> str:
-        return (f"Please add to the family history of {params['name']} (born {human_date(params['birth_date'])}): "
+        return (f"Please add to the family history of {who(params['name'], params['birth_date'])}: "
                 f"{pronoun(params['gender'])} {params['relation']} {params['said']} at age {params['age']} "
                 f"(SNOMED CT {params['code']}, {_plain(params['display'])}). Record it as a completed family member "
                 f"history, relationship {params['relation']} (HL7 v3 RoleCode {params['relationship']}).")

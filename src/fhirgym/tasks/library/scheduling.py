@@ -18,7 +18,17 @@ from ...tools import Toolbox
 from .. import NOT_FOUND, AnswerSpec, Family, Field, Gold, View, answer_text, register
 from ..checks import ref_id
 from ..draw import deal, deal_by_gold, human_date, negative_seed
-from ..facts import Slot, active_schedules, appointments, full_name, locations, practitioners, roles, slots
+from ..facts import (
+    Slot,
+    active_schedules,
+    appointments,
+    full_name,
+    instant,
+    locations,
+    practitioners,
+    roles,
+    slots,
+)
 
 HOLDING = frozenset({"booked", "arrived", "fulfilled", "noshow", "checked-in"})
 WEEKDAY_NAMES = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
@@ -76,10 +86,6 @@ class _Facts:
     urgent_starts: list[datetime] = field(default_factory=list)
 
 
-
-
-def _instant(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
 
 
 def _facts(view: View) -> _Facts:
@@ -720,7 +726,7 @@ def _booking_params(view: View, rng: random.Random, f: _Facts, by_clinic: bool) 
 
 def _holders(f: _Facts, params: dict) -> set[str]:
     """Patients holding the appointment the prompt describes (at most one in a consistent world)."""
-    start = _instant(params["start"])
+    start = instant(params["start"])
     if params.get("doctor"):
         doc = _doc_of(f, params)
         match = [a for a in f.appts if a.practitioner == doc.pid and a.location == doc.location]
