@@ -35,7 +35,7 @@ from ..facts import (
     practitioners,
     slots,
 )
-from ..solve import read, search, update
+from ..solve import call, create, read, search, update
 
 T = TypeVar("T")
 PEDIATRICS, GENERAL, OBGYN = "394537008", "394814009", "394585009"  # SNOMED specialty codes
@@ -380,11 +380,11 @@ def _with(appts: list[dict], practitioner: str) -> list[dict]:
 
 def _book(tools: Toolbox, slot_id: str, patient: str, practitioner: str) -> None:
     slot = read(tools, "Slot", slot_id)
-    tools.call("createResource", {"resourceType": "Appointment", "body": {
+    create(tools, {
         "resourceType": "Appointment", "status": "booked", "slot": [{"reference": f"Slot/{slot_id}"}],
         "start": slot["start"], "end": slot["end"], "minutesDuration": 30,
         "participant": [{"actor": {"reference": f"Patient/{patient}"}, "status": "accepted"},
-                        {"actor": {"reference": f"Practitioner/{practitioner}"}, "status": "accepted"}]}})
+                        {"actor": {"reference": f"Practitioner/{practitioner}"}, "status": "accepted"}]})
     update(tools, {**slot, "status": "busy"})
 
 
@@ -712,7 +712,7 @@ class AddToWaitlist(Family):
             prac, _ = _find_doctor(tools, params)
             body["participant"].append({"actor": {"reference": f"Practitioner/{prac}"},
                                         "status": "needs-action"})
-        tools.call("createResource", {"resourceType": "Appointment", "body": body})
+        call(tools, "createResource", {"resourceType": "Appointment", "body": body})
         return "Added the patient to the waitlist."
 
 

@@ -30,7 +30,7 @@ from ..facts import (
     related_persons,
     unique_patient,
 )
-from ..solve import find_patient
+from ..solve import call, create, find_patient
 
 #: v3-RoleCode relationship -> (word, gender)
 RELATION = {"MTH": ("mother", "female"), "FTH": ("father", "male"), "SPS": ("spouse", "")}
@@ -184,20 +184,20 @@ class AddCoverage(Family):
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         patient = find_patient(tools, params["name"], params["birth_date"])
-        orgs = tools.call("searchResources", {"resourceType": "Organization", "params": {
-            "name": params["insurer"], "_elements": "name,type"}}).output or {}
+        orgs = call(tools, "searchResources", {"resourceType": "Organization", "params": {
+            "name": params["insurer"], "_elements": "name,type"}})
         insurer = next((o for o in orgs.get("resources", []) if o.get("name") == params["insurer"]), None)
         if patient is None or insurer is None:
             return "I could not find the patient or the insurer."
         pref = {"reference": f"Patient/{patient['id']}", "display": params["name"]}
         rp_name = f"{params['rp_given']} {params['rp_family']}"
         word = RELATION[params["rel_code"]][0]
-        created = tools.call("createResource", {"resourceType": "RelatedPerson", "body": {
+        created = call(tools, "createResource", {"resourceType": "RelatedPerson", "body": {
             "resourceType": "RelatedPerson", "active": True, "patient": pref,
             "relationship": [{"coding": [{"system": ROLE_CODE, "code": params["rel_code"], "display": word}]}],
             "name": [{"use": "official", "family": params["rp_family"], "given": [params["rp_given"]]}],
-            "gender": params["rp_gender"], "birthDate": params["rp_birth"]}}).output or {}
-        tools.call("createResource", {"resourceType": "Coverage", "body": {
+            "gender": params["rp_gender"], "birthDate": params["rp_birth"]}})
+        create(tools, {
             "resourceType": "Coverage", "status": "active",
             "subscriber": {"reference": f"RelatedPerson/{created.get('id')}", "display": rp_name},
             "subscriberId": params["member"], "beneficiary": pref,
@@ -209,7 +209,7 @@ class AddCoverage(Family):
                  "name": params["group_name"]},
                 {"type": {"coding": [{"system": COVERAGE_CLASS, "code": "plan"}]}, "value": params["plan"],
                  "name": params["plan_name"]},
-            ]}})
+            ]})
         return f"Added {rp_name} and the {params['insurer']} coverage."
 
 
@@ -228,15 +228,15 @@ def _solve_coverage(tools: Toolbox, params: dict) -> str:
     patient = find_patient(tools, params["name"], params["birth_date"])
     if patient is None:
         return answer_text(NOT_FOUND)
-    out = tools.call("searchResources", {"resourceType": "Coverage", "params": {
-        "beneficiary": f"Patient/{patient['id']}", "status": "active"}}).output or {}
+    out = call(tools, "searchResources", {"resourceType": "Coverage", "params": {
+        "beneficiary": f"Patient/{patient['id']}", "status": "active"}})
     covs = sorted(out.get("resources", []), key=lambda c: c.get("order", 99))
     if not covs:
         return answer_text(NOT_FOUND)
     payer = covs[0]["payor"][0].get("display")
     if not payer:
-        org = tools.call("getResourceById", {"resourceType": "Organization",
-                                             "resourceId": ref_id(covs[0]["payor"][0])}).output or {}
+        org = call(tools, "getResourceById", {"resourceType": "Organization",
+                                             "resourceId": ref_id(covs[0]["payor"][0])})
         payer = org.get("name")
     return answer_text({"payer": payer, "member_id": covs[0].get("subscriberId")})
 
@@ -389,14 +389,14 @@ class CreateRelatedPerson(Family):
         patient = find_patient(tools, params["name"], params["birth_date"])
         if patient is None:
             return "I could not find the patient."
-        tools.call("createResource", {"resourceType": "RelatedPerson", "body": {
+        create(tools, {
             "resourceType": "RelatedPerson", "active": True,
             "patient": {"reference": f"Patient/{patient['id']}", "display": params["name"]},
             "relationship": [{"coding": [{"system": ROLE_CODE, "code": params["rel_code"],
                                           "display": RELATION[params["rel_code"]][0]}]}],
             "name": [{"use": "official", "family": params["rp_family"], "given": [params["rp_given"]]}],
             "telecom": [{"system": "phone", "value": params["phone"], "use": "mobile"}],
-            "gender": params["rp_gender"], "birthDate": params["rp_birth"]}})
+            "gender": params["rp_gender"], "birthDate": params["rp_birth"]})
         return "Added the related person."
 
 
@@ -432,8 +432,8 @@ def _find_account(tools: Toolbox, params: dict) -> dict | None:
     patient = find_patient(tools, params["name"], params["birth_date"])
     if patient is None:
         return None
-    out = tools.call("searchResources", {"resourceType": "Account", "params": {
-        "subject": f"Patient/{patient['id']}"}}).output or {}
+    out = call(tools, "searchResources", {"resourceType": "Account", "params": {
+        "subject": f"Patient/{patient['id']}"}})
     accounts = out.get("resources", [])
     return accounts[0] if accounts else None
 
@@ -486,12 +486,12 @@ class CreateAccount(Family):
                 "type": {"coding": [{"system": ACT_CODE, "code": "PBILLACCT", "display": "patient billing account"}]},
                 "subject": [pref], "servicePeriod": {"start": now.date().isoformat()}}
         if params["payers"]:
-            out = tools.call("searchResources", {"resourceType": "Coverage", "params": {
-                "beneficiary": f"Patient/{patient['id']}", "status": "active"}}).output or {}
+            out = call(tools, "searchResources", {"resourceType": "Coverage", "params": {
+                "beneficiary": f"Patient/{patient['id']}", "status": "active"}})
             covs = sorted(out.get("resources", []), key=lambda c: c.get("order", 99))
             body["coverage"] = [{"coverage": {"reference": f"Coverage/{c['id']}"}, "priority": n + 1}
                                 for n, c in enumerate(covs)]
-        tools.call("createResource", {"resourceType": "Account", "body": body})
+        call(tools, "createResource", {"resourceType": "Account", "body": body})
         return "Opened the billing account."
 
 
@@ -591,17 +591,17 @@ class SetGuarantor(Family):
         patient = find_patient(tools, params["name"], params["birth_date"])
         if patient is None:
             return "I could not find the patient."
-        out = tools.call("searchResources", {"resourceType": "RelatedPerson", "params": {
-            "patient": f"Patient/{patient['id']}"}}).output or {}
+        out = call(tools, "searchResources", {"resourceType": "RelatedPerson", "params": {
+            "patient": f"Patient/{patient['id']}"}})
         rp = next(r for r in out.get("resources", []) if _rp_name(r) == params["rp_name"])
-        found = tools.call("searchResources", {"resourceType": "Account", "params": {
-            "subject": f"Patient/{patient['id']}", "_elements": "id"}}).output or {}
+        found = call(tools, "searchResources", {"resourceType": "Account", "params": {
+            "subject": f"Patient/{patient['id']}", "_elements": "id"}})
         account_id = found["resources"][0]["id"]
-        account = tools.call("getResourceById", {"resourceType": "Account", "resourceId": account_id}).output or {}
+        account = call(tools, "getResourceById", {"resourceType": "Account", "resourceId": account_id})
         account = dict(account)  # meta too: tags, labels and profiles are kept
         account["guarantor"] = [{"party": {"reference": f"RelatedPerson/{rp['id']}", "display": params["rp_name"]},
                                  "onHold": False, "period": {"start": now.date().isoformat()}}]
-        tools.call("updateResource", {"resourceType": "Account", "resourceId": account_id, "body": account})
+        call(tools, "updateResource", {"resourceType": "Account", "resourceId": account_id, "body": account})
         return f"{params['rp_name']} is now the guarantor."
 
 
@@ -619,7 +619,7 @@ def _solve_guarantor(tools: Toolbox, params: dict) -> str:
         return answer_text(NOT_FOUND)
     key = ref_key(parties[0]) or ""
     rtype, rid = key.split("/", 1)
-    party = tools.call("getResourceById", {"resourceType": rtype, "resourceId": rid}).output or {}
+    party = call(tools, "getResourceById", {"resourceType": rtype, "resourceId": rid})
     return answer_text({"guarantor": full_name(party)})
 
 

@@ -46,7 +46,7 @@ from ..checks import (
 )
 from ..draw import Branched, deal, deal_by_gold, deal_positive, human_date, negative_seed, pick, who
 from ..facts import moment, official_name, patients, results
-from ..solve import create, search_all
+from ..solve import call, create, search_all
 
 VALID = ("final", "amended", "corrected")
 IV_ROUTE = ("47625008", "Intravenous route")
@@ -435,7 +435,7 @@ class PatientMrn(_Clinical):
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
-        patient = tools.call("getResourceById", {"resourceType": "Patient", "resourceId": pid}).output
+        patient = call(tools, "getResourceById", {"resourceType": "Patient", "resourceId": pid})
         mrn = next(i["value"] for i in patient.get("identifier", []) if i.get("system") == MRN)
         return answer_text({"mrn": mrn})
 
@@ -460,7 +460,7 @@ class PatientAge(_Clinical):
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         pid = _locate(tools, params)
-        patient = tools.call("getResourceById", {"resourceType": "Patient", "resourceId": pid}).output
+        patient = call(tools, "getResourceById", {"resourceType": "Patient", "resourceId": pid})
         return answer_text({"age": _age(patient["birthDate"], now.date())})
 
 
@@ -713,8 +713,7 @@ class ActiveMedicationCount(_Clinical):
             rx = _rx(o.get("medicationCodeableConcept"))
             if rx is None and o.get("medicationReference"):
                 med_id = o["medicationReference"]["reference"].split("/")[-1]
-                med = tools.call("getResourceById",
-                                 {"resourceType": "Medication", "resourceId": med_id}).output
+                med = call(tools, "getResourceById", {"resourceType": "Medication", "resourceId": med_id})
                 rx = _rx(med.get("code"))
             if rx:
                 codes.add(rx["code"])
@@ -1260,16 +1259,15 @@ class StopMedication(_Clinical):
             rx = _rx(o.get("medicationCodeableConcept"))
             if rx is None and o.get("medicationReference"):
                 med_id = o["medicationReference"]["reference"].split("/")[-1]
-                rx = _rx(tools.call("getResourceById", {"resourceType": "Medication", "resourceId": med_id}
-                                    ).output.get("code"))
+                rx = _rx(call(tools, "getResourceById", {"resourceType": "Medication", "resourceId": med_id}).get("code"))
             if rx and rx.get("display", "").lower() == wanted:
                 target = o
                 break
         assert target is not None
         key = {"resourceType": "MedicationRequest", "resourceId": target["id"]}
-        body = dict(tools.call("getResourceById", key).output)  # meta too: tags, labels and profiles are kept
+        body = dict(call(tools, "getResourceById", key))  # meta too: tags, labels and profiles are kept
         body["status"] = "stopped"
-        tools.call("updateResource", {**key, "body": body})
+        call(tools, "updateResource", {**key, "body": body})
         return "Stopped the prescription."
 
 
@@ -1505,6 +1503,5 @@ class VoidObservation(_Clinical):
                       and o["valueQuantity"]["value"] == value)
         body = dict(target)  # meta too: tags, labels and profiles are kept
         body["status"] = "entered-in-error"
-        tools.call("updateResource",
-                   {"resourceType": "Observation", "resourceId": target["id"], "body": body})
+        call(tools, "updateResource", {"resourceType": "Observation", "resourceId": target["id"], "body": body})
         return "Marked the observation as entered in error."

@@ -30,7 +30,7 @@ from ..facts import (
     roles,
     service_requests,
 )
-from ..solve import find_patients
+from ..solve import call, find_patients
 
 SURGICAL = "387713003"
 GENETIC_REPORT = ("51969-4", "Genetic analysis report")
@@ -163,26 +163,26 @@ def _find_patient(tools: Toolbox, name: str, birth_date: str) -> dict:
 
 def _find_doctor(tools: Toolbox, name: str) -> str:
     given, family = name.split()[0], name.split()[-1]
-    out = tools.call("searchResources", {"resourceType": "Practitioner", "params": {
-        "given": given, "family": family, "active": "true"}}).output
+    out = call(tools, "searchResources", {"resourceType": "Practitioner", "params": {
+        "given": given, "family": family, "active": "true"}})
     found = [p for p in out.get("resources", []) if full_name(p) == name]
     return found[0]["id"] if found else "unknown"
 
 
 def _find_order(tools: Toolbox, patient_id: str, test: str) -> dict:
-    out = tools.call("searchResources", {"resourceType": "ServiceRequest", "params": {
-        "subject": f"Patient/{patient_id}", "category": f"{DIAGNOSTIC_SERVICE}|GE"}}).output
+    out = call(tools, "searchResources", {"resourceType": "ServiceRequest", "params": {
+        "subject": f"Patient/{patient_id}", "category": f"{DIAGNOSTIC_SERVICE}|GE"}})
     found = [o for o in out.get("resources", []) if o.get("code", {}).get("text") == test]
     return found[0] if found else {"id": "unknown"}
 
 
 def _add_supporting(tools: Toolbox, order_id: str, refs: list[str]) -> None:
-    order = tools.call("getResourceById", {"resourceType": "ServiceRequest", "resourceId": order_id}).output
+    order = call(tools, "getResourceById", {"resourceType": "ServiceRequest", "resourceId": order_id})
     body = dict(order)  # meta too: tags, labels and profiles are kept
     current = body.get("supportingInfo", [])
     have = {ref_key(r) for r in current}
     body["supportingInfo"] = current + [{"reference": r} for r in refs if r not in have]
-    tools.call("updateResource", {"resourceType": "ServiceRequest", "resourceId": order_id, "body": body})
+    call(tools, "updateResource", {"resourceType": "ServiceRequest", "resourceId": order_id, "body": body})
 
 
 # ------------------------------------------------------------------------------------------------
@@ -236,7 +236,7 @@ class RecordSurgeryPlan(Family):
         }
         if params["doctor"]:
             body["requester"] = {"reference": f"Practitioner/{_find_doctor(tools, params['doctor'])}"}
-        tools.call("createResource", {"resourceType": "ServiceRequest", "body": body})
+        call(tools, "createResource", {"resourceType": "ServiceRequest", "body": body})
         return "Recorded the surgery plan."
 
 
@@ -266,10 +266,10 @@ def _plans_answer(plans: list[dict], now: datetime):
 
 def _solve_plan(tools: Toolbox, params: dict, now: datetime) -> str:
     patient = _find_patient(tools, params["name"], params["birth_date"])
-    out = tools.call("searchResources", {"resourceType": "ServiceRequest", "params": {
+    out = call(tools, "searchResources", {"resourceType": "ServiceRequest", "params": {
         "subject": f"Patient/{patient['id']}", "category": f"{SNOMED}|{SURGICAL}", "status": "active",
         "occurrence": [f"gt{now.strftime('%Y-%m-%dT%H:%M:%SZ')}",
-                       f"le{(now + WINDOW).strftime('%Y-%m-%dT%H:%M:%SZ')}"], "_sort": "occurrence"}}).output
+                       f"le{(now + WINDOW).strftime('%Y-%m-%dT%H:%M:%SZ')}"], "_sort": "occurrence"}})
     plans = out.get("resources", [])
     if not plans:
         return answer_text(NOT_FOUND)
@@ -431,11 +431,11 @@ class OrderGenomeSequencing(Family):
             "requester": {"reference": f"Practitioner/{doctor}"},
         }
         if params["lab"]:
-            out = tools.call("searchResources", {"resourceType": "Organization",
-                                                 "params": {"name:exact": params["lab"]}}).output
+            out = call(tools, "searchResources", {"resourceType": "Organization",
+                                                 "params": {"name:exact": params["lab"]}})
             labs = out.get("resources", [])
             body["performer"] = [{"reference": f"Organization/{labs[0]['id'] if labs else 'unknown'}"}]
-        tools.call("createResource", {"resourceType": "ServiceRequest", "body": body})
+        call(tools, "createResource", {"resourceType": "ServiceRequest", "body": body})
         return "Placed the whole genome sequencing order."
 
 
@@ -504,9 +504,9 @@ class AttachGeneticReports(Family):
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         patient = _find_patient(tools, params["name"], params["birth_date"])
         order = _find_order(tools, patient["id"], params["test"])
-        out = tools.call("searchResources", {"resourceType": "DiagnosticReport", "params": {
+        out = call(tools, "searchResources", {"resourceType": "DiagnosticReport", "params": {
             "subject": f"Patient/{patient['id']}", "code": f"{LOINC}|{GENETIC_REPORT[0]}",
-            "_elements": "id,code,status"}}).output
+            "_elements": "id,code,status"}})
         _add_supporting(tools, order["id"], [f"DiagnosticReport/{r['id']}" for r in out.get("resources", [])])
         return "Attached the genetic analysis reports to the order."
 
@@ -548,8 +548,8 @@ class AttachRelevantReport(Family):
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         patient = _find_patient(tools, params["name"], params["birth_date"])
         order = _find_order(tools, patient["id"], params["test"])
-        out = tools.call("searchResources", {"resourceType": "DiagnosticReport", "params": {
-            "based-on": f"ServiceRequest/{order['id']}", "_elements": "id,code,status"}}).output
+        out = call(tools, "searchResources", {"resourceType": "DiagnosticReport", "params": {
+            "based-on": f"ServiceRequest/{order['id']}", "_elements": "id,code,status"}})
         _add_supporting(tools, order["id"], [f"DiagnosticReport/{r['id']}" for r in out.get("resources", [])])
         return "Attached the genetic report to the order."
 
@@ -618,7 +618,7 @@ class AddFamilyHistory(Family):
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         patient = _find_patient(tools, params["name"], params["birth_date"])
         order = _find_order(tools, patient["id"], params["test"])
-        created = tools.call("createResource", {"resourceType": "FamilyMemberHistory", "body": {
+        created = call(tools, "createResource", {"resourceType": "FamilyMemberHistory", "body": {
             "resourceType": "FamilyMemberHistory", "status": "completed",
             "patient": {"reference": f"Patient/{patient['id']}"}, "date": now.date().isoformat(),
             "relationship": {"coding": [{"system": ROLE_CODE, "code": params["rel_code"],
@@ -627,6 +627,6 @@ class AddFamilyHistory(Family):
                                                 "display": params["cond_display"]}]},
                            "onsetAge": {"value": params["age"], "unit": "a", "system": UCUM,
                                         "code": "a"}}],
-        }}).output
+        }})
         _add_supporting(tools, order["id"], [f"FamilyMemberHistory/{created.get('id', 'unknown')}"])
         return "Recorded the family history and linked it to the order."

@@ -38,7 +38,7 @@ from ..facts import (
     taken_names,
     unique_patient,
 )
-from ..solve import find_patient, find_patients
+from ..solve import call, create, find_patient, find_patients
 
 
 @register("records.find_patient", difficulty=1, touches=("Patient",), sequences=(("searchResources",),))
@@ -97,14 +97,14 @@ class RecordCondition(Family):
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         patient = find_patients(tools, params["name"], params["birth_date"])[0]
-        tools.call("createResource", {"resourceType": "Condition", "body": {
+        create(tools, {
             "resourceType": "Condition",
             "clinicalStatus": {"coding": [{"system": CONDITION_CLINICAL, "code": "active"}]},
             "verificationStatus": {"coding": [{"system": CONDITION_VERIFICATION, "code": "confirmed"}]},
             "code": {"coding": [{"system": SNOMED, "code": params["code"], "display": params["display"]}]},
             "subject": {"reference": f"Patient/{patient['id']}"},
             "onsetDateTime": now.date().isoformat(),
-        }})
+        })
         return "Recorded the diagnosis."
 
 
@@ -173,14 +173,14 @@ class CreatePatient(Family):
         name = f"{params['given']} {params['family']}"
         if find_patient(tools, name, params["birth_date"]):
             return "This patient is already registered."
-        tools.call("createResource", {"resourceType": "Patient", "body": {
+        create(tools, {
             "resourceType": "Patient", "active": True,
             "name": [{"use": "official", "family": params["family"], "given": [params["given"]]}],
             "telecom": [{"system": "phone", "value": params["phone"], "use": "home"}],
             "gender": params["gender"], "birthDate": params["birth_date"],
             "address": [{"use": "home", "line": [params["line"]], "city": params["city"], "state": "MA",
                          "postalCode": params["postal"], "country": "US"}],
-        }})
+        })
         return f"Registered {name}."
 
 
@@ -270,9 +270,9 @@ def _solve_condition(tools: Toolbox, params: dict) -> str:
     patient = find_patient(tools, params["name"], params["birth_date"])
     if patient is None:
         return answer_text(NOT_FOUND)
-    out = tools.call("searchResources", {"resourceType": "Condition", "params": {
+    out = call(tools, "searchResources", {"resourceType": "Condition", "params": {
         "patient": f"Patient/{patient['id']}", "code": f"{SNOMED}|{params['code']}",
-        "_elements": "code,onsetDateTime,clinicalStatus,verificationStatus", "_sort": "onset-date"}}).output or {}
+        "_elements": "code,onsetDateTime,clinicalStatus,verificationStatus", "_sort": "onset-date"}})
     onsets = sorted(c["onsetDateTime"][:10] for c in out.get("resources", [])
                     if _status(c, "verificationStatus") != "entered-in-error" and c.get("onsetDateTime"))
     return answer_text({"onset_date": onsets[0]}) if onsets else answer_text(NOT_FOUND)
@@ -466,7 +466,7 @@ class RecordFamilyHistory(Family):
         patient = find_patient(tools, params["name"], params["birth_date"])
         if patient is None:
             return "I could not find the patient."
-        tools.call("createResource", {"resourceType": "FamilyMemberHistory", "body": {
+        create(tools, {
             "resourceType": "FamilyMemberHistory", "status": "completed",
             "patient": {"reference": f"Patient/{patient['id']}"}, "date": now.date().isoformat(),
             "relationship": {"coding": [{"system": ROLE_CODE, "code": params["relationship"],
@@ -476,5 +476,5 @@ class RecordFamilyHistory(Family):
                                                 "display": params["display"]}]},
                            "onsetAge": {"value": params["age"], "unit": "a", "system": UCUM,
                                         "code": "a"}}],
-        }})
+        })
         return "Recorded the family history."

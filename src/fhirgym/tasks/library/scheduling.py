@@ -29,6 +29,7 @@ from ..facts import (
     roles,
     slots,
 )
+from ..solve import call
 
 HOLDING = frozenset({"booked", "arrived", "fulfilled", "noshow", "checked-in"})
 WEEKDAY_NAMES = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
@@ -236,7 +237,7 @@ def _name_alternatives(names: list[str]) -> list[str]:
 # -- reference-solution helpers (tools only) -------------------------------------------------------------
 
 def _search(tools: Toolbox, rtype: str, params: dict) -> dict:
-    return tools.call("searchResources", {"resourceType": rtype, "params": params}).output
+    return call(tools, "searchResources", {"resourceType": rtype, "params": params})
 
 
 def _total(tools: Toolbox, rtype: str, params: dict) -> int:
@@ -264,8 +265,8 @@ def _doctor_schedules(tools: Toolbox, name: str, specialty: str | None = None, c
 
 def _slots(tools: Toolbox, params: dict) -> list[dict]:
     """Every matching slot (pages followed), as returned by the tool."""
-    out = tools.call("searchResources", {"resourceType": "Slot", "all_pages": True, "page_limit": 20,
-                                         "params": {"_count": "40", "_elements": "start,status", **params}}).output
+    out = call(tools, "searchResources", {"resourceType": "Slot", "all_pages": True, "page_limit": 20,
+                                         "params": {"_count": "40", "_elements": "start,status", **params}})
     return out.get("resources", [])
 
 
@@ -323,10 +324,10 @@ class EarliestSpecialtySlot(Family):
         slot = _first_slot(tools, {"specialty:text": params["specialty"], "appointment-type": "ROUTINE",
                                    "start": f"ge{_iso(now)}"})
         assert slot is not None
-        sched = tools.call("getResourceById", {"resourceType": "Schedule",
-                                               "resourceId": ref_id(slot["schedule"])}).output
+        sched = call(tools, "getResourceById", {"resourceType": "Schedule",
+                                               "resourceId": ref_id(slot["schedule"])})
         pid = next(ref_id(a) for a in sched["actor"] if a["reference"].startswith("Practitioner/"))
-        doc = tools.call("getResourceById", {"resourceType": "Practitioner", "resourceId": pid}).output
+        doc = call(tools, "getResourceById", {"resourceType": "Practitioner", "resourceId": pid})
         return answer_text({"start": slot["start"], "doctor": full_name(doc)})
 
 
