@@ -321,7 +321,8 @@ def load_families(*modules: str) -> list[Family]:
             module = importlib.import_module(name)
         except Exception as exc:
             raise FamiliesUnavailable(f"cannot import task families from {name!r}: {exc}") from exc
-        mine = [f for f in _REGISTRY.values() if type(f).__module__ == module.__name__]
+        mine = [f for f in _REGISTRY.values()  # a package's families live in its modules
+                if type(f).__module__ == module.__name__ or type(f).__module__.startswith(module.__name__ + ".")]
         if not mine:
             raise FamiliesUnavailable(f"module {name!r} registers no task family (decorate them with @register)")
         found += [f for f in mine if f not in found]

@@ -1,2 +1,3 @@
-"""The built-in task families, one module per category; each is an entry point of the ``fhirgym.tasks``
-group (pyproject.toml) and written with the public authoring kit of :mod:`fhirgym.tasks` only."""
+"""The built-in task families: one package per category (records, billing, scheduling, orders, clinical),
+one concept per module. Each package is an entry point of the ``fhirgym.tasks`` group (pyproject.toml),
+written with the public authoring kit of :mod:`fhirgym.tasks` only."""
