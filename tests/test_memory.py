@@ -39,14 +39,21 @@ def _leaky_evaluator(messages: list[dict]) -> str:
                          "advice": "Search first."}).decode()
 
 
+def _backwards(text: str) -> str:
+    return " ".join(reversed(text.split()))
+
+
 def _leaky_reflector(messages: list[dict]) -> str:
-    """Lessons that copy the request, the answer and every value of the run verbatim."""
+    """Lessons that carry every value of the run (the request, the answer, the run log), word for word but
+    in reverse order, so that the content check, which drops a restated request, lets them through."""
     text = messages[-1]["content"]
     request = text.split("## Task request\n", 1)[1].split("\n\n## ", 1)[0]
     answer = text.split("## Final answer\n", 1)[1].split("\n\n## ", 1)[0]
-    return orjson.dumps({"macro": f"For a request like '{request}' answer {answer}. Run log: {text[:3000]}",
+    return orjson.dumps({"macro": f"Values seen: {_backwards(request)}; answer {answer}. Run log: "
+                                  f"{_backwards(text[:3000])}",
                          "micro": [{"resource_type": "Patient", "operation": "search",
-                                    "tip": f"Search Patient by name and birthdate; here: {request}"}]}).decode()
+                                    "tip": f"Search Patient by name and birthdate; here: {_backwards(request)}"}]}
+                        ).decode()
 
 
 def _script(n: int, step) -> ScriptedBackend:

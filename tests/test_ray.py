@@ -93,8 +93,9 @@ def test_memory_training_on_ray_learns_what_it_learns_one_at_a_time(cluster, wor
     from fhirgym.memory import TrainSpec, train_memory
 
     def reflector(messages):
-        task = messages[-1]["content"].split("## Task request\n", 1)[1][:60]
-        return orjson.dumps({"macro": f"Search before answering: {task}", "micro": []}).decode()
+        meta = orjson.loads(messages[-1]["content"].split("## Task metadata\n", 1)[1].split("\n", 1)[0])
+        return orjson.dumps({"macro": f"Search the record before answering a {meta['task_id']} request.",
+                             "micro": []}).decode()
 
     def train(out, **how):
         from fhirgym.agents import ScriptedBackend as Script

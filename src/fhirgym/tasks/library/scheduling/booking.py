@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from ....tools import Toolbox
 from ... import Expect, Family, Gold, View, register
 from ...draw import who
+from ...facts import Slot
 from ...solve import create, read, update
 from ._appointments_common import (
     MARGIN,
@@ -30,6 +31,12 @@ from ._appointments_common import (
 BOOKED_SHAPE = ("Record it as an Appointment with status booked that references the slot, with the "
                 "slot's start and end, and with the patient and the doctor as participants, both with "
                 "status accepted; then set that Slot's status to busy (leave the rest of the slot as it is).")
+
+
+def _booking_gold(slot: Slot, params: dict) -> Gold:
+    """The booking of ``slot`` for the patient with the doctor: a new Appointment, the slot busy."""
+    return Gold(expects=[Expect("create", "Appointment", checks=_booked(slot, params["patient_id"], params["doc_id"])),
+                         _slot_to(slot.id, "busy")])
 
 
 def _book(tools: Toolbox, slot_id: str, patient: str, practitioner: str) -> None:
@@ -72,9 +79,7 @@ class BookFirstFreeSlot(Family):
 
     def gold(self, view: View, params: dict) -> Gold:
         slot = next(_free(_world(view), params["doc_schedule"], params["from"]))
-        return Gold(expects=[Expect("create", "Appointment", checks=_booked(slot, params["patient_id"],
-                                                                            params["doc_id"])),
-                             _slot_to(slot.id, "busy")])
+        return _booking_gold(slot, params)
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         patient = _find_patient(tools, params)
@@ -121,9 +126,7 @@ class BookStatedSlot(Family):
         w = _world(view)
         slot = next(s for s in w.at[params["at"]] if s.schedule == params["doc_schedule"])
         assert slot.status == "free" and slot.id == params["slot_id"]
-        return Gold(expects=[Expect("create", "Appointment", checks=_booked(slot, params["patient_id"],
-                                                                            params["doc_id"])),
-                             _slot_to(slot.id, "busy")])
+        return _booking_gold(slot, params)
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         patient = _find_patient(tools, params)

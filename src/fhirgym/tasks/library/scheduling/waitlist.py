@@ -46,6 +46,16 @@ from ._appointments_common import (
 SOON = timedelta(minutes=15)  # a free slot starting sooner than this is not clearly "still ahead"
 
 
+def _draw_waitlisted(view: View, w: _World, options: list[Appointment]) -> dict | None:
+    """One of the waitlist appointments ``options``, dealt by seed (no option is the gold of many seeds)."""
+    if not options:
+        return None
+    a = deal(view, options)
+    assert a.patient is not None and a.practitioner is not None
+    return {**_patient_params(w.patients[a.patient]), **_doctor_params(w.doctors[a.practitioner]),
+            "appointment_id": a.id}
+
+
 def _duration_ok() -> Check:
     """``minutesDuration`` may be added to a booking made from a waitlist entry, if it is the slot's 30."""
     def fn(after: dict, before: dict | None) -> str | None:
@@ -160,13 +170,7 @@ class WaitlistToSlot(Family):
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         w = _world(view)
-        options = [a for a in _waitlisted(w) if _window_slot(w, a, view.now)]
-        if not options:
-            return None
-        a = deal(view, options)  # by seed: no option is the gold of many seeds
-        assert a.patient is not None and a.practitioner is not None
-        return {**_patient_params(w.patients[a.patient]), **_doctor_params(w.doctors[a.practitioner]),
-                "appointment_id": a.id}
+        return _draw_waitlisted(view, w, [a for a in _waitlisted(w) if _window_slot(w, a, view.now)])
 
     def prompt(self, params: dict) -> str:
         return (f"{who(params['name'], params['birth'])} is on the waitlist for {params['doc']}. Please book them into the "
@@ -214,13 +218,7 @@ class RemoveFromWaitlist(Family):
 
     def sample(self, view: View, rng: random.Random) -> dict | None:
         w = _world(view)
-        options = _waitlisted(w)
-        if not options:
-            return None
-        a = deal(view, options)  # by seed: no option is the gold of many seeds
-        assert a.patient is not None and a.practitioner is not None
-        return {**_patient_params(w.patients[a.patient]), **_doctor_params(w.doctors[a.practitioner]),
-                "appointment_id": a.id}
+        return _draw_waitlisted(view, w, _waitlisted(w))
 
     def prompt(self, params: dict) -> str:
         return (f"{who(params['name'], params['birth'])} no longer needs to be on the waitlist for {params['doc']}. Please take "
