@@ -6,14 +6,14 @@ from pathlib import Path
 
 import click
 
-from .._defaults import QA_PER_TEMPLATE, TRACK_NAMES
+from .._defaults import AGENT, CONFIG, QA_PER_TEMPLATE, TRACK_NAMES
 from ._group import main
 from ._options import _families_option, _ray_option, _seeds, _selector, _task_world, _world_options
 
 
 @main.command("eval")
 @_families_option
-@click.option("--agent", default="react", show_default=True,
+@click.option("--agent", default=AGENT, show_default=True,
               help="react | codeact | reference | null | nothing-found | guess | cmd:\"PROGRAM ARGS\" | "
                    "package.module:Class")
 @click.option("--model", default=None, help="local/qwen2.5-coder-1.5b (default), local/qwen2.5-coder-0.5b, "
@@ -25,7 +25,7 @@ from ._options import _families_option, _ray_option, _seeds, _selector, _task_wo
                    "[default: default]")
 @click.option("--seeds", default="1", show_default=True, help="N (seeds 0..N-1) or a list like 3,5 or 0-4.")
 @click.option("--runs", default=1, show_default=True, help="Repetitions of every instance.")
-@click.option("--config", default="baseline", show_default=True,
+@click.option("--config", default=CONFIG, show_default=True,
               help="A registered configuration: baseline (FHIR tools), specs (+ spec tools), codeact (fhir_query, "
                    "fhir_get, python, finish + FHIR tools), memory, memory-specs, memory-specs+specs (with "
                    "--memory), or one a layer or package registers.")

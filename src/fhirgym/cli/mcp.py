@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from .._defaults import HOST
 from ._group import main
 from ._options import _families_option, _task_world, _world_options
 
@@ -20,7 +21,7 @@ def _mcp_options(fn):
     """--transport/--host/--port/--read-only/--budget, the same for every MCP server."""
     options = [
         click.option("--transport", type=click.Choice(["stdio", "http"]), default="stdio", show_default=True),
-        click.option("--host", default="127.0.0.1", show_default=True, help="HTTP only."),
+        click.option("--host", default=HOST, show_default=True, help="HTTP only."),
         click.option("--port", default=8765, show_default=True, type=int,
                      help="HTTP only; 0 picks a free port."),
         click.option("--read-only", is_flag=True, help="Leave out the tools that write."),

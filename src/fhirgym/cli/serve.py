@@ -8,11 +8,12 @@ from pathlib import Path
 
 import click
 
+from .._defaults import HOST
 from ._group import main
 
 
 @main.command()
-@click.option("--host", default="127.0.0.1", show_default=True, envvar="FHIRGYM_HOST")
+@click.option("--host", default=HOST, show_default=True, envvar="FHIRGYM_HOST")
 @click.option("--port", default=8080, show_default=True, type=int, envvar="FHIRGYM_PORT")
 @click.option("--db", type=click.Path(dir_okay=False, path_type=Path), envvar="FHIRGYM_DB",
               help="SQLite file that keeps the data (default: in memory, gone at exit).")

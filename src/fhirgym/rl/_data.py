@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from .._defaults import RL_QA_PER_TEMPLATE
 from ..tasks import QA, TRACKS, Instance, TaskInfeasible, TaskWorld, get_track, make_instance, select
 from ..tasks.qa import QaFamily, QaQuestion, build_questions, qa_instance
 from ..world import DEFAULT_PATIENTS, DEFAULT_SEED, world_file, world_sha256
@@ -32,7 +33,7 @@ SPLITS = {"train": range(0, 10_000), "valid": range(10_000, 11_000), "test": ran
 ENV_CLASSES = {t.name: t.env_class for t in TRACKS.values()}
 DEFAULT_WORLD = {"seed": DEFAULT_SEED, "patients": DEFAULT_PATIENTS}
 #: The QA question set rows name by default: ``build_questions(world, per_template, seed)``.
-DEFAULT_QA = {"per_template": 20, "seed": 0}
+DEFAULT_QA = {"per_template": RL_QA_PER_TEMPLATE, "seed": 0}
 
 _INSTANCES: OrderedDict[tuple, Instance] = OrderedDict()
 _WORLDS: dict[tuple, TaskWorld] = {}

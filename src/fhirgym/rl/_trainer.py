@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._defaults import POLICY, RECIPE
 from ..agents import LOCAL_MODELS
 from ._adapters import trl_environment, trl_reward, trl_tool_parsing
 from ._behaviour import FIGURES, behaviour_of, behaviour_summary, figures
@@ -29,7 +30,7 @@ from ._recipes import load_recipe, trl_args
 from ._rollout import IS_CAP, IS_MODE, IS_MODES, LlamaRollouts, llama_trainer_class, rollout_base
 
 #: The default trainable model: the 0.5B GGUF fhirgym already assembles for local evaluation.
-DEFAULT_POLICY = "qwen2.5-coder-0.5b"
+DEFAULT_POLICY = POLICY
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 _TOOLS_HEADER = "\n\n# Tools\n\n"
 
@@ -115,7 +116,7 @@ class TrainSpec:
     rollout batch and used for ``updates_per_batch`` optimiser steps (above 1 the clip acts)."""
 
     out: Path
-    recipe: str = "clip-higher"
+    recipe: str = RECIPE
     model: str = DEFAULT_POLICY
     track: str = "action"
     tasks: str = "all"

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import orjson
 
+from .._defaults import POLICY
 from ..agents import (
     OBSERVATION,
     BackendError,
@@ -304,7 +305,7 @@ def _instances(sel: Selection) -> Iterator[Instance | Skipped]:
                 yield Skipped(task, seed, f"infeasible: {exc}")
 
 
-def build_trajectories(sel: Selection, model: str = "qwen2.5-coder-0.5b",
+def build_trajectories(sel: Selection, model: str = POLICY,
                        progress: Callable[[Trajectory | Skipped], None] | None = None
                        ) -> tuple[list[Trajectory], list[Skipped]]:
     """Every instance of the selection replayed (:func:`expert_trajectory`): the kept and the skipped."""
@@ -343,7 +344,7 @@ SKIPPED = "skipped.jsonl"
 MANIFEST = "manifest.json"
 
 
-def write_trajectories(out: Path, sel: Selection, model: str = "qwen2.5-coder-0.5b",
+def write_trajectories(out: Path, sel: Selection, model: str = POLICY,
                        progress: Callable[[Trajectory | Skipped], None] | None = None) -> dict:
     """Build the selection's trajectories into ``out`` (trajectories.jsonl, skipped.jsonl, manifest.json);
     returns the manifest: what the data is made of and counts per family."""

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import orjson
 
-from .._defaults import QA_PER_TEMPLATE
+from .._defaults import AGENT, CONFIG, QA_PER_TEMPLATE
 from ..agents import DEFAULT_MODEL, MODEL_AGENTS, default_iterations, make_agent, needs_model
 from ..env import Config, UnknownConfig, configs, get_config
 from ..tasks import ACTION, Instance, TaskWorld, Track, get_family, get_track, select
@@ -40,13 +40,13 @@ class EvalError(RuntimeError):
 @dataclass
 class EvalSpec:
     out: Path
-    agent: str = "react"
+    agent: str = AGENT
     model: str | None = None
     base_url: str | None = None
     tasks: str = "default"
     seeds: list[int] = field(default_factory=lambda: [0])
     runs: int = 1
-    config: str = "baseline"
+    config: str = CONFIG
     setting: str = "default"
     parallel: int = 1
     resume: bool = False
