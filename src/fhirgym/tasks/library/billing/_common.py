@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import date
 
+from ....spec.codes import ROLE_CODE
 from ....tools import Toolbox
 from ... import View
+from ...checks import Check, coded, eq, ref
 from ...facts import (
     accounts,
     living_patients,
@@ -68,3 +70,10 @@ def _find_account(tools: Toolbox, params: dict) -> dict | None:
 def _related_word(rp: dict) -> str:
     code = _code(rp.get("relationship"))
     return RELATION.get(code or "", ("related person", ""))[0]
+
+
+def _related_person(patient: str, params: dict) -> tuple[Check, ...]:
+    """The checks of a RelatedPerson the request describes: whose relative, how related, name, gender, birth."""
+    return (ref("patient", patient), coded("relationship", ROLE_CODE, params["rel_code"]),
+            eq("name.family", params["rp_family"]), eq("name.given", params["rp_given"]),
+            eq("gender", params["rp_gender"]), eq("birthDate", params["rp_birth"]))

@@ -21,7 +21,7 @@ from ...facts import (
     unique_patient,
 )
 from ...solve import call, create, find_patient
-from ._common import RELATION, _active, _age, _code, candidates
+from ._common import RELATION, _active, _age, _code, _related_person, candidates
 
 PRIVATE = tuple(i for i in INSURERS if not i.public)
 
@@ -122,14 +122,7 @@ class AddCoverage(Family):
             "payor", f"payor → one of {insurers}",
             lambda a, b: None if {ref_id(x) for x in a.get("payor") or []} & set(insurers) else "wrong payor")
         return Gold(expects=[
-            Expect("create", "RelatedPerson", checks=(
-                ref("patient", patient),
-                coded("relationship", ROLE_CODE, params["rel_code"]),
-                eq("name.family", params["rp_family"]),
-                eq("name.given", params["rp_given"]),
-                eq("gender", params["rp_gender"]),
-                eq("birthDate", params["rp_birth"]),
-            )),
+            Expect("create", "RelatedPerson", checks=_related_person(patient, params)),
             Expect("create", "Coverage", checks=(
                 eq("status", "active"),
                 ref("beneficiary", patient),

@@ -8,7 +8,7 @@ from datetime import date, datetime, timedelta
 from ....spec.codes import ROLE_CODE
 from ....tools import Toolbox
 from ... import Expect, Family, Gold, View, register
-from ...checks import coded, eq, phone_check, ref
+from ...checks import phone_check
 from ...draw import human_date, new_name, new_phone, pick, pronoun, random_birth, who
 from ...facts import (
     full_name,
@@ -18,7 +18,7 @@ from ...facts import (
     unique_patient,
 )
 from ...solve import create, find_patient
-from ._common import RELATION, _age, _code
+from ._common import RELATION, _age, _code, _related_person
 
 
 @register("billing.create_related_person", difficulty=2, writes=True, touches=("Patient", "RelatedPerson"),
@@ -56,15 +56,8 @@ class CreateRelatedPerson(Family):
 
     def gold(self, view: View, params: dict) -> Gold:
         patient = f"Patient/{unique_patient(view, params['name'], params['birth_date'])['id']}"
-        return Gold(expects=[Expect("create", "RelatedPerson", checks=(
-            ref("patient", patient),
-            coded("relationship", ROLE_CODE, params["rel_code"]),
-            eq("name.family", params["rp_family"]),
-            eq("name.given", params["rp_given"]),
-            eq("gender", params["rp_gender"]),
-            eq("birthDate", params["rp_birth"]),
-            phone_check(params["phone"]),
-        ))])
+        return Gold(expects=[Expect("create", "RelatedPerson",
+                                    checks=(*_related_person(patient, params), phone_check(params["phone"])))])
 
     def solve(self, tools: Toolbox, params: dict, now: datetime) -> str:
         patient = find_patient(tools, params["name"], params["birth_date"])
