@@ -270,7 +270,7 @@ def register(cls: type[Family] | str | None = None, /, *, difficulty: int | None
                 raise TypeError(f"{family.__name__}: no category given and none in its module {family.__module__}")
             family.category = parts[-1]
         if not family.title:
-            family.title = (family.__doc__ or "").strip().splitlines()[0].strip() if family.__doc__ else ""
+            family.title = next(iter((family.__doc__ or "").strip().splitlines()), "").strip()
         return _register(family)
 
     return apply
